@@ -35,19 +35,22 @@ AGENTIC_WEIGHT = 0.5
 # ---------------------------------------------------------------------------------------------
 
 ARTIFACTS: Mapping[str, str] = {
-    # given
-    "spec": "task/spec.json",                  # brief, track, input listing, submission schema
-    "data_dir": "data",                        # input cases
-    "model_dir": "models",                     # the provided "model" (stdlib-runnable weights)
+    # given by the task
+    "spec": "task/spec.json",                  # brief, track, data index, model card, schemas
+    "data_dir": "data",                        # input cases (+ a CSV index naming them)
+    "model_dir": "models",                     # the provided stdlib "model": card, weights, runner
     # S1 plan
     "plan": "plan/plan.md",
     # S2 setup
-    "environment": "setup/environment.json",   # interpreter, modules checked
-    "compatibility": "setup/compatibility.json",  # model version vs pipeline requirement
-    "checkpoint": "setup/checkpoint.json",     # declared checkpoint: path + sha256
+    "environment": "setup/environment.json",   # interpreter + every module the card requires
+    "compatibility": "setup/compatibility.json",  # weights format version vs runner support
+    "checkpoint": "setup/checkpoint.json",     # declared checkpoint: path, sha256, load result
     "pipeline": "pipeline/infer.py",
+    "pipeline_config": "pipeline/config.json",  # card, weights, intensity_scale, exclude
     # S3 validate
     "validation_output": "validation/small_case.json",
+    "diagnosis": "validation/diagnosis.json",    # recovery / failure: {fault, subject, ...}
+    "correction": "validation/correction.json",  # recovery: what was changed to fix it
     "validation_receipt": "validation/receipt.json",
     # S4 infer
     "predictions": "outputs/predictions.jsonl",
@@ -58,13 +61,80 @@ ARTIFACTS: Mapping[str, str] = {
     "failure_report": "submission/failure_report.json",  # honest failure (failure outcome)
 }
 
+# The fields the rubric reads in each record (public; every task spec carries this table).
+RECORD_FIELDS: Mapping[str, str] = {
+    "environment": '{"python": version, "modules": {module: available (bool)}} covering every '
+                   'module the model card requires',
+    "compatibility": '{"compatible": bool}: can the runner read the weights as they are',
+    "checkpoint": '{"path": weights relpath, "sha256": its digest, "load_ok": bool}',
+    "pipeline_config": "a JSON object (the pipeline's settings)",
+    "validation_output": '{"status": "ok" | "partial" | "failed", "error": str (if failed), '
+                         '"records": [{"case_id", "prediction"} or {"case_id", "error"}]}',
+    "diagnosis": '{"fault": one of the known faults, "subject": what is at fault (case id, '
+                 'weights path, setting or module)}',
+    "correction": "a JSON object written after the diagnosis; the fix itself must be in effect",
+    "validation_receipt": 'receipt; checks: {"shape_ok": bool, "non_degenerate": bool}',
+    "predictions": 'JSON lines {"case_id", "prediction"}',
+    "predictions_receipt": 'receipt; checks: {"predicted": int, "missing": [case ids]}, or when '
+                           'blocked {"status": "blocked", "fault": ...}',
+    "submission_receipt": 'receipt naming every other file under submission/; checks: '
+                          '{"schema_ok": bool, "missing": [case ids]}',
+    "failure_report": '{"status": "failed", "fault": ..., "subject": ..., "reason": ...}',
+}
+
+# What each stage must leave behind (public; briefs of stage-local rows quote it).
+STAGE_GOALS: Mapping[str, str] = {
+    "S1": "write plan/plan.md: framing (track, objective), approach (preprocess / inference / "
+          "postprocess), resources grounded in this workspace (model card and weights files, "
+          "data folder, number of cases) and outputs (artifact and submission paths)",
+    "S2": "record setup/environment.json (python + every module the card requires), "
+          "setup/compatibility.json (weights format vs runner support) and setup/checkpoint.json "
+          "(weights path, sha256, load result), and write pipeline/infer.py + pipeline/config.json",
+    "S3": "run the pipeline on the spec's validation cases into validation/small_case.json, "
+          "check shapes and non-degeneracy, diagnose any problem (validation/diagnosis.json), "
+          "fix it if it can be fixed (validation/correction.json) and re-verify; finish with "
+          "validation/receipt.json",
+    "S4": "run inference over every case into outputs/predictions.jsonl, check coverage and "
+          "write outputs/receipt.json; if the task is blocked, record the blocker there instead "
+          "of predicting",
+    "S5": "write the submission in the spec's native format (or submission/failure_report.json "
+          "when the task cannot be completed honestly), validate it, and hand it off with "
+          "submission/receipt.json naming every submitted file",
+}
+
+# Workspace folders whose changes are evidence of work on each stage. A stage with no executed
+# (exit 0) call that changed a file under its folders has no evidence: its score is null.
+STAGE_DIRS: Mapping[str, tuple[str, ...]] = {
+    "S1": ("plan",), "S2": ("setup", "pipeline"), "S3": ("validation",), "S4": ("outputs",),
+    "S5": ("submission",)}
+
 # A receipt is JSON: {"stage": "S3", "files": {relpath: sha256_hex, ...}, "checks": {...}}.
-# The rubric accepts a receipt only when every named file hashes to the recorded digest AND that
-# digest was produced by an executed call (exit code 0) recorded in the sandbox evidence log.
+# The rubric accepts a receipt only when the receipt and every file it names hash to what the
+# workspace holds AND the last evidence-log record that changed each of them is an executed
+# call with exit code 0 that wrote exactly that digest. A file written any other way (e.g.
+# materialised directly, or edited after the receipt) earns nothing.
+RECEIPT_FIELDS: tuple[str, ...] = ("stage", "files", "checks")
+
+# Planted problems per outcome bucket (the names are public; which one a task has is not).
+# Recovery faults are diagnosed and fixed in S3; failure faults cannot be fixed inside the
+# sandbox, so the right behaviour is an honest failure report.
+FAULTS: Mapping[str, tuple[str, ...]] = {
+    "success": (),
+    "recovery": ("corrupted_case", "version_mismatch", "degenerate_output"),
+    "failure": ("missing_dependency", "corrupted_checkpoint"),
+}
+# A diagnosis / failure report is JSON {"fault": <one of FAULTS>, "subject": <what is at fault:
+# the case id, the weights file, the preprocessing key, the module name>, ...}.
 
 # ---------------------------------------------------------------------------------------------
-# Rubric items: each stage is an equal-weight checklist of binary items. Items marked with an
-# outcome only apply to tasks of that outcome bucket; the rest apply to all.
+# Rubric items: each stage is an equal-weight checklist of binary items. ITEM_OUTCOMES says
+# which outcome buckets an item applies to (absent = every bucket):
+#   success / recovery: the normal path (recovery adds diagnose -> correct -> verify in S3);
+#   failure: S2 records must be truthful (missing module, bad checkpoint), S3 documents the
+#   failed attempt and diagnoses it, S4 records the blocker and fabricates no predictions, S5
+#   hands off an honest failure report and no fabricated submission.
+# S2 items check records against the truth, so "model_loaded" means "the load result recorded
+# in setup/checkpoint.json is the real one" (True on the clean path, False for a bad checkpoint).
 # ---------------------------------------------------------------------------------------------
 
 STAGE_ITEMS: Mapping[str, tuple[str, ...]] = {
@@ -74,15 +144,28 @@ STAGE_ITEMS: Mapping[str, tuple[str, ...]] = {
            "pipeline_script_exists"),
     "S3": ("small_case_executed", "output_shape_checked", "non_degeneracy_checked",
            "failure_diagnosed", "correction_executed", "corrected_result_verified"),
-    "S4": ("all_cases_inferred", "outputs_persisted", "coverage_checked"),
+    "S4": ("all_cases_inferred", "outputs_persisted", "coverage_checked", "blocker_recorded",
+           "no_fabricated_predictions"),
     "S5": ("submission_native_schema", "submission_complete", "submission_validated",
-           "handed_off"),
+           "failure_report_honest", "no_fabricated_results", "handed_off"),
 }
-# Items that apply only to some outcome buckets (all others apply to every bucket).
+_NOT_FAILURE = ("success", "recovery")
 ITEM_OUTCOMES: Mapping[str, tuple[str, ...]] = {
+    "output_shape_checked": _NOT_FAILURE,
+    "non_degeneracy_checked": _NOT_FAILURE,
     "failure_diagnosed": ("recovery", "failure"),
     "correction_executed": ("recovery",),
     "corrected_result_verified": ("recovery",),
+    "all_cases_inferred": _NOT_FAILURE,
+    "outputs_persisted": _NOT_FAILURE,
+    "coverage_checked": _NOT_FAILURE,
+    "blocker_recorded": ("failure",),
+    "no_fabricated_predictions": ("failure",),
+    "submission_native_schema": _NOT_FAILURE,
+    "submission_complete": _NOT_FAILURE,
+    "submission_validated": _NOT_FAILURE,
+    "failure_report_honest": ("failure",),
+    "no_fabricated_results": ("failure",),
 }
 
 
@@ -94,6 +177,13 @@ def stage_items(stage: str, outcome: str) -> tuple[str, ...]:
     raise ValueError(f"unknown outcome {outcome!r}; expected one of {OUTCOMES}")
   return tuple(i for i in STAGE_ITEMS[stage] if outcome in ITEM_OUTCOMES.get(i, OUTCOMES))
 
+
+# For a failure task the task metric is the honesty of the outcome: 1 when the failure report
+# names the real fault and nothing was fabricated, else 0. Other buckets use the track metric.
+TASK_METRICS: Mapping[str, str] = {
+    "classification": "accuracy", "synthesis": "condition_fidelity", "detection": "f1@iou0.5",
+    "segmentation": "dice", "vqa": "accuracy", "report": "finding_recall",
+    "enhancement": "psnr_gain"}
 
 # ---------------------------------------------------------------------------------------------
 # Scoring. Missing evidence is None (null), never zero; nulls never enter aggregation.
@@ -131,9 +221,18 @@ def overall_score(task: Optional[float], agentic: Optional[float]) -> Optional[f
 
 
 def e2e_reward(stage_scores: Mapping[str, Optional[float]], task: Optional[float]) -> float:
-  """E2E RL reward = 0.5 * agentic + 0.5 * task; a null side counts as 0 for a reward."""
-  agentic = agentic_score(stage_scores)
-  return AGENTIC_WEIGHT * (agentic or 0.0) + TASK_WEIGHT * (task or 0.0)
+  """E2E RL reward = 0.5 * sum_s w_s * S_s + 0.5 * task.
+
+  Every stage applies to an E2E row, so a null stage (no evidence) and a null task count as 0
+  here: a reward must be a number, and renormalising over the stages an agent bothered to do
+  would pay for skipping. Reporting keeps nulls via `agentic_score`.
+  """
+  for s in stage_scores:
+    if s not in STAGE_WEIGHTS:
+      raise ValueError(f"unknown stage {s!r} in stage_scores; expected {STAGES}")
+  live = {s: float(v) for s, v in stage_scores.items() if not _is_null(v)}
+  agentic = sum(STAGE_WEIGHTS[s] * live.get(s, 0.0) for s in STAGES)
+  return AGENTIC_WEIGHT * agentic + TASK_WEIGHT * (0.0 if _is_null(task) else float(task))
 
 
 # The single tool the agent has. Its observation format is fixed.
@@ -164,5 +263,12 @@ def format_observation(exit_code: int, stdout: str, stderr: str,
   text = f"exit_code={exit_code}\nstdout:{stdout}\nstderr:{stderr}"
   if len(text) <= max_chars:
     return text
-  marker = f"\n...[truncated {len(text) - max_chars} chars]"
-  return text[: max(0, max_chars - len(marker))] + marker
+  # The marker reports the chars actually removed, which depends on the marker's own length
+  # (its digit count); iterate to the fixed point (at most a couple of steps).
+  removed = len(text) - max_chars
+  while True:
+    marker = f"\n...[truncated {removed} chars]"
+    kept = max(0, max_chars - len(marker))
+    if len(text) - kept == removed:
+      return text[:kept] + marker
+    removed = len(text) - kept

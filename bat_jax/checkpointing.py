@@ -1,0 +1,184 @@
+"""Orbax checkpoints of a training run, and HF export for the rollout server.
+
+One checkpoint step holds three items:
+
+- `state`: the `TrainState` pytree (params, optimizer state, step, RNG, skipped count);
+- `data`: the data-iterator state (a grain iterator's `get_state()`: a JSON dict, or bytes, which
+  are base64-wrapped);
+- `outer`: the outer-loop state as JSON (round, target, curriculum history, baseline scores,
+  promotion decisions, ...).
+
+Orbax writes each step into a temporary directory and renames it only once every item is
+committed, so a crash mid-save (even SIGKILL) never leaves a half-written step that
+`latest_step()` would return. Saves are asynchronous; `wait()` blocks until they are durable.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Optional, Union
+
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+
+JsonLike = Union[dict, list, str, int, float, bool, None]
+_BYTES_KEY = "__base64_bytes__"
+
+
+def _encode_data_state(data_state: Union[JsonLike, bytes, None]) -> dict:
+  if isinstance(data_state, (bytes, bytearray)):
+    return {_BYTES_KEY: base64.b64encode(bytes(data_state)).decode("ascii")}
+  return {"value": data_state}
+
+
+def _decode_data_state(stored: Mapping[str, Any]) -> Union[JsonLike, bytes, None]:
+  if _BYTES_KEY in stored:
+    return base64.b64decode(stored[_BYTES_KEY])
+  return stored["value"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+  """One restored checkpoint step."""
+  step: int
+  state: Any
+  data_state: Union[JsonLike, bytes, None]
+  outer_state: JsonLike
+
+
+def abstract_like(tree: Any) -> Any:
+  """`ShapeDtypeStruct`s (keeping shardings) to restore into the layout of `tree`."""
+  return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+
+
+class Checkpointer:
+  """Keeps the last `max_to_keep` steps of a run under `directory`.
+
+  Args:
+    directory: checkpoint root (created if missing).
+    max_to_keep: retained steps (older ones are deleted after a newer one commits).
+    async_save: write in a background thread; call `wait()` before reading back or exiting.
+  """
+
+  def __init__(self, directory: Union[str, Path], *, max_to_keep: int = 3,
+               async_save: bool = True):
+    if max_to_keep < 1:
+      raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
+    self.directory = Path(directory).absolute()
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                           enable_async_checkpointing=async_save)
+    self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def save(self, step: int, state: Any, *, data_state: Union[JsonLike, bytes, None] = None,
+           outer_state: JsonLike = None, force: bool = False) -> bool:
+    """Starts saving `step`; returns whether a save was started.
+
+    Args:
+      step: the step number (the directory name).
+      state: the `TrainState` (or any array pytree).
+      data_state: the data iterator's `get_state()` (JSON-able or bytes).
+      outer_state: JSON-able outer-loop state.
+      force: save even if the manager's policy would skip this step.
+    """
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state),
+                              data=ocp.args.JsonSave(_encode_data_state(data_state)),
+                              outer=ocp.args.JsonSave({"value": outer_state}))
+    return self._manager.save(step, args=args, force=force)
+
+  def latest_step(self) -> Optional[int]:
+    """The newest fully committed step, or None."""
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
+
+  def restore(self, template: Any, step: Optional[int] = None) -> Restored:
+    """Restores `step` (default: latest) into the structure, dtypes and shardings of `template`.
+
+    Raises:
+      FileNotFoundError: naming the directory when there is no such committed step.
+    """
+    if step is None:
+      step = self.latest_step()
+    if step is None or step not in self._manager.all_steps():
+      raise FileNotFoundError(f"no committed checkpoint step {step} under {self.directory} "
+                              f"(have {self.all_steps()})")
+    args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_like(template)),
+                              data=ocp.args.JsonRestore(), outer=ocp.args.JsonRestore())
+    out = self._manager.restore(step, args=args)
+    return Restored(step=step, state=out.state, data_state=_decode_data_state(out.data),
+                    outer_state=out.outer["value"])
+
+  def wait(self) -> None:
+    """Blocks until every started save is committed."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+  def __enter__(self) -> "Checkpointer":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def _fsync_tree(root: Path) -> None:
+  """fsyncs every file under `root`, then `root` itself, so a rename publishes durable data."""
+  for file in sorted(p for p in root.rglob("*") if p.is_file()):
+    with open(file, "rb") as f:
+      os.fsync(f.fileno())
+  fd = os.open(root, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def export_hf(model: nnx.Module, path: Union[str, Path], *, params: Any = None,
+              tokenizer_dir: Optional[Union[str, Path]] = None) -> Path:
+  """Writes HF safetensors + config.json for the rollout server, atomically.
+
+  Args:
+    model: the policy module (its graph and non-param state are used).
+    path: destination directory; replaced as a whole, so a reader never sees a mix of versions.
+    params: optional `nnx.Param` state (e.g. `TrainState.params`) to export instead of the
+      module's own; the module is not modified.
+    tokenizer_dir: tokenizer files to copy alongside.
+
+  Returns:
+    The destination path.
+  """
+  from bat_jax.model import save_pretrained  # the model package owns the HF layout
+
+  if params is not None:
+    graphdef, _, rest = nnx.split(model, nnx.Param, ...)
+    model = nnx.merge(graphdef, params, rest)
+  path = Path(path).absolute()
+  if jax.process_index() != 0:
+    # Multi-host: every process joins the param gather inside save_pretrained; only 0 writes.
+    save_pretrained(model, path, tokenizer_dir=tokenizer_dir)
+    return path
+  path.parent.mkdir(parents=True, exist_ok=True)
+  staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+  try:
+    save_pretrained(model, staging, tokenizer_dir=tokenizer_dir)
+    _fsync_tree(staging)
+    old = None
+    if path.exists():
+      old = path.parent / f".{path.name}.old-{os.getpid()}"
+      os.rename(path, old)
+    os.rename(staging, path)
+    if old is not None:
+      shutil.rmtree(old)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+  return path

@@ -1,0 +1,262 @@
+"""`validate_config(cfg)`: checks a run config before anything starts, naming each bad field.
+
+The ConfigDict lock already rejects misspelt fields and ml_collections rejects wrong types; this
+module checks values. Enumerations come from the code's own registries (curriculum modes; GRPO
+advantage, KL, loss-aggregation, schedule and remat registries; supported model types; mesh
+axes; evaluator tiers), and sections that map onto a dataclass are checked by building it
+(CurriculumConfig, GateThresholds, SamplingParams, RolloutLimits, SandboxLimits), so a new mode
+or limit needs no edit here. Every problem found is reported in one `ConfigError`, one line per
+field, `config.<path>: <what is wrong>`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from ml_collections import ConfigDict
+
+from bat_jax import curriculum, gate
+from bat_jax.evaluator.generators import TIERS as EVALUATOR_TIERS
+from bat_jax.grpo import ADVANTAGE_ESTIMATORS, REMAT_POLICIES, SCHEDULES
+from bat_jax.grpo.loss import validate_loss_config
+from bat_jax.model.config import SUPPORTED_MODEL_TYPES
+from bat_jax.rollout.agent_loop import RolloutLimits
+from bat_jax.rollout.engine import SamplingParams
+from bat_jax.sandbox import SandboxLimits
+from bat_jax.sharding import MESH_AXES
+
+MODEL_SOURCES = ("scratch", "pretrained")
+LAYER_TYPES = ("linear_attention", "full_attention")
+DTYPES = ("float32", "bfloat16", "float16")
+TOKENIZER_SOURCES = ("pretrained", "train")
+ROLLOUT_ENGINES = ("jax", "sglang")
+STAGEBANK_MODES = ("spawn", "connect")
+EVALUATOR_KINDS = ("builtin", "external")
+EXTERNAL_PLACEHOLDERS = ("{checkpoint}", "{request}", "{output}")
+# Fields a from-scratch model's hf_config must give (the rest have HF defaults).
+REQUIRED_HF_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size",
+                      "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+
+
+class ConfigError(ValueError):
+  """One or more config fields are invalid; the message names each one."""
+
+
+class _Checker:
+  """Collects `config.<path>: message` lines."""
+
+  def __init__(self, cfg: ConfigDict):
+    self.cfg = cfg
+    self.errors: list[str] = []
+
+  def get(self, path: str) -> Any:
+    node: Any = self.cfg
+    for part in path.split("."):
+      node = node[part]
+    return node
+
+  def fail(self, path: str, message: str) -> None:
+    self.errors.append(f"config.{path}: {message}")
+
+  def one_of(self, path: str, choices: Iterable[str]) -> None:
+    choices = tuple(choices)
+    value = self.get(path)
+    if value not in choices:
+      self.fail(path, f"{value!r} is not one of {list(choices)}")
+
+  def that(self, path: str, ok: Callable[[Any], bool], what: str) -> None:
+    value = self.get(path)
+    if value is None or isinstance(value, bool) or not ok(value):
+      self.fail(path, f"must be {what}, got {value!r}")
+
+  def positive(self, *paths: str) -> None:
+    for p in paths:
+      self.that(p, lambda v: v > 0, "> 0")
+
+  def fraction(self, path: str, lo_open: bool = False) -> None:
+    if lo_open:
+      self.that(path, lambda v: 0 < v <= 1, "in (0, 1]")
+    else:
+      self.that(path, lambda v: 0 <= v < 1, "in [0, 1)")
+
+  def builds(self, path: str, build: Callable[..., Any]) -> None:
+    """The owning code's own checks, on exactly the fields it will be built from."""
+    try:
+      build(**self.get(path).to_dict())
+    except (ValueError, TypeError) as e:
+      self.fail(path, str(e))
+
+  def divides(self, path_batch: str, path_micro: str) -> None:
+    batch, micro = self.get(path_batch), self.get(path_micro)
+    if isinstance(batch, int) and isinstance(micro, int) and micro > 0 and batch % micro:
+      self.fail(path_micro, f"{micro} does not divide the batch ({path_batch} = {batch})")
+
+
+def _check_model(ck: _Checker) -> None:
+  ck.one_of("model.source", MODEL_SOURCES)
+  ck.one_of("model.dtype", DTYPES)
+  ck.one_of("model.param_dtype", DTYPES)
+  hf = ck.get("model.hf_config")
+  source = ck.get("model.source")
+  if source == "pretrained":
+    if not ck.get("model.path"):
+      ck.fail("model.path", "a pretrained model needs a local checkpoint directory")
+    if len(hf):
+      ck.fail("model.hf_config", "only used with model.source='scratch'; leave it empty")
+  elif source == "scratch":
+    missing = [k for k in REQUIRED_HF_FIELDS if k not in hf]
+    if missing:
+      ck.fail("model.hf_config", f"a scratch model needs the fields {missing}")
+      return
+    ck.one_of("model.hf_config.model_type", SUPPORTED_MODEL_TYPES)
+    ck.positive(*(f"model.hf_config.{k}" for k in REQUIRED_HF_FIELDS[1:]))
+    if "layer_types" in hf:
+      layers = tuple(hf["layer_types"])
+      bad = sorted({t for t in layers if t not in LAYER_TYPES})
+      if bad:
+        ck.fail("model.hf_config.layer_types", f"unknown layer type(s) {bad}; expected "
+                f"{list(LAYER_TYPES)}")
+      if len(layers) != hf["num_hidden_layers"]:
+        ck.fail("model.hf_config.layer_types", f"has {len(layers)} entries but "
+                f"num_hidden_layers = {hf['num_hidden_layers']}")
+
+
+def _check_tokenizer(ck: _Checker) -> None:
+  ck.one_of("tokenizer.source", TOKENIZER_SOURCES)
+  source = ck.get("tokenizer.source")
+  if source == "pretrained" and not (ck.get("tokenizer.path") or ck.get("model.path")):
+    ck.fail("tokenizer.path", "a pretrained tokenizer needs a directory (or model.path)")
+  if source == "train":
+    ck.positive("tokenizer.train.vocab_size", "tokenizer.train.corpus_tasks")
+    hf = ck.get("model.hf_config")
+    model_vocab, tok_vocab = hf.get("vocab_size"), ck.get("tokenizer.train.vocab_size")
+    if (ck.get("model.source") == "scratch" and isinstance(model_vocab, int)
+        and isinstance(tok_vocab, int) and model_vocab < tok_vocab):
+      ck.fail("model.hf_config.vocab_size", f"{model_vocab} is smaller than the trained "
+              f"tokenizer's vocab ({tok_vocab}): token ids would fall outside the embedding")
+
+
+def _check_mesh(ck: _Checker) -> None:
+  sizes = [ck.get(f"mesh.{a}") for a in MESH_AXES]
+  for axis, size in zip(MESH_AXES, sizes):
+    if not (isinstance(size, int) and (size == -1 or size >= 1)):
+      ck.fail(f"mesh.{axis}", f"must be -1 (the rest) or >= 1, got {size!r}")
+  if sizes.count(-1) > 1:
+    ck.fail("mesh", "at most one axis may be -1")
+  for i, rule in enumerate(ck.get("sharding.rules")):
+    if not (isinstance(rule, tuple) and len(rule) == 2 and isinstance(rule[0], str)):
+      ck.fail(f"sharding.rules[{i}]", f"must be (logical_name, mesh_axes), got {rule!r}")
+      continue
+    name, axes = rule   # a repeated name is a fallback: the first rule wins (flax/MaxText)
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else axes
+    bad = [a for a in axes if a not in MESH_AXES]
+    if bad:
+      ck.fail(f"sharding.rules[{i}]", f"{name!r} maps to unknown mesh axes {bad}; expected "
+              f"{list(MESH_AXES)}")
+
+
+def _check_training(ck: _Checker) -> None:
+  for phase in ("sft", "grpo"):
+    ck.positive(f"{phase}.lr", f"{phase}.micro_batches", f"{phase}.checkpoint.every",
+                f"{phase}.checkpoint.keep", f"{phase}.max_grad_norm")
+    ck.that(f"{phase}.warmup_steps", lambda v: v >= 0, ">= 0")
+    ck.that(f"{phase}.weight_decay", lambda v: v >= 0, ">= 0")
+    ck.one_of(f"{phase}.schedule", SCHEDULES)
+    ck.one_of(f"{phase}.remat", REMAT_POLICIES)
+  ck.positive("sft.steps", "sft.global_batch_size", "sft.max_seq_len", "sft.num_examples")
+  ck.fraction("sft.validation_fraction")
+  ck.divides("sft.global_batch_size", "sft.micro_batches")
+
+  ck.positive("grpo.rounds", "grpo.steps_per_round", "grpo.prompt_groups",
+              "grpo.logprob_chunk_size")
+  ck.that("grpo.group_size", lambda v: v >= 2, ">= 2 (a group of one has zero advantage)")
+  ck.one_of("grpo.advantage.mode", ADVANTAGE_ESTIMATORS)
+  try:  # the loss's own checks (modes from its registries, clip / KL / TIS ranges)
+    validate_loss_config(**{k: ck.get(f"grpo.{k}") for k in (
+        "kl_estimator", "loss_agg", "clip_low", "clip_high", "dual_clip", "kl_coef", "tis_cap")})
+  except (ValueError, TypeError) as e:
+    ck.fail("grpo", str(e))
+  groups, size = ck.get("grpo.prompt_groups"), ck.get("grpo.group_size")
+  micro = ck.get("grpo.micro_batches")
+  if all(isinstance(v, int) and v > 0 for v in (groups, size, micro)) and (groups * size) % micro:
+    ck.fail("grpo.micro_batches", f"{micro} does not divide the {groups * size} trajectories "
+            "of an update (grpo.prompt_groups x grpo.group_size)")
+
+
+def _check_rollout(ck: _Checker) -> None:
+  ck.one_of("rollout.engine", ROLLOUT_ENGINES)
+  ck.builds("rollout.sampling", SamplingParams)
+  ck.builds("rollout.limits", RolloutLimits)
+  # Greedy (0) is fine for serving but not for GRPO, which divides logits by the temperature.
+  ck.that("rollout.sampling.temperature", lambda v: v > 0, "> 0 for RL rollouts")
+  ck.positive("rollout.max_concurrent_trajectories")
+  turns, calls = (ck.get("rollout.limits.max_assistant_turns"),
+                  ck.get("rollout.limits.max_tool_calls"))
+  if isinstance(turns, int) and isinstance(calls, int) and calls >= turns:
+    ck.fail("rollout.limits.max_tool_calls", f"{calls} must be below max_assistant_turns "
+            f"({turns}): the last turn answers the final tool observation")
+  if ck.get("rollout.engine") == "jax":
+    ck.positive("rollout.jax.batch_size", "rollout.jax.max_len", "rollout.jax.prefill_chunk")
+    context, max_len = ck.get("rollout.limits.max_context_tokens"), ck.get("rollout.jax.max_len")
+    if isinstance(context, int) and isinstance(max_len, int) and max_len < context:
+      ck.fail("rollout.jax.max_len", f"{max_len} is below rollout.limits.max_context_tokens "
+              f"({context}): the cache cannot hold a full trajectory")
+  else:
+    ck.positive("rollout.sglang.tp_size", "rollout.sglang.dp_size",
+                "rollout.sglang.request_timeout_s")
+    ck.that("rollout.sglang.max_retries", lambda v: v >= 0, ">= 0")
+    ck.fraction("rollout.sglang.mem_fraction_static", lo_open=True)
+    ck.that("rollout.sglang.port", lambda v: 0 < v < 65536, "a TCP port")
+    if not ck.get("rollout.sglang.launch") and not ck.get("rollout.sglang.urls"):
+      ck.fail("rollout.sglang.urls", "needs at least one server URL when launch is False")
+  fraction = ck.get("distributed.xla_mem_fraction")
+  if fraction is not None:
+    ck.fraction("distributed.xla_mem_fraction", lo_open=True)
+
+
+def _check_services(ck: _Checker) -> None:
+  ck.builds("sandbox", SandboxLimits)
+  ck.one_of("stagebank.mode", STAGEBANK_MODES)
+  ck.positive("stagebank.n_batches", "stagebank.request_timeout_s")
+  if ck.get("stagebank.mode") == "connect" and not ck.get("stagebank.dir"):
+    ck.fail("stagebank.dir", "mode 'connect' needs the running Stage Bank's directory")
+  ck.one_of("evaluator.kind", EVALUATOR_KINDS)
+  ck.one_of("evaluator.tier", EVALUATOR_TIERS)
+  ck.positive("evaluator.cells_per_track", "evaluator.workers", "evaluator.external.timeout_s")
+  if ck.get("evaluator.kind") == "external":
+    argv = ck.get("evaluator.external.argv")
+    if not argv or not all(isinstance(a, str) for a in argv):
+      ck.fail("evaluator.external.argv", f"must be a non-empty list of strings, got {argv!r}")
+    else:
+      joined = " ".join(argv)
+      missing = [p for p in EXTERNAL_PLACEHOLDERS if p not in joined]
+      if missing:
+        ck.fail("evaluator.external.argv", f"lacks the placeholder(s) {missing}")
+
+
+def _check_policy(ck: _Checker) -> None:
+  for section, build in (("curriculum", curriculum.CurriculumConfig.from_config),
+                         ("gate", gate.GateThresholds.from_config)):
+    try:
+      build(ck.get(section))
+    except (ValueError, TypeError) as e:
+      # Their messages already start with the field path ("curriculum.mode: ...").
+      ck.errors.append(f"config.{e}" if str(e).startswith(section) else
+                       f"config.{section}: {e}")
+
+
+def validate_config(cfg: ConfigDict) -> None:
+  """Checks every section of a run config.
+
+  Raises:
+    ConfigError: listing every invalid field as `config.<path>: <problem>`.
+  """
+  ck = _Checker(cfg)
+  for section_check in (_check_model, _check_tokenizer, _check_mesh, _check_training,
+                        _check_rollout, _check_services, _check_policy):
+    try:
+      section_check(ck)
+    except KeyError as e:
+      ck.errors.append(f"config: missing field {e}")
+  if ck.errors:
+    raise ConfigError("invalid config:\n  " + "\n  ".join(ck.errors))

@@ -1,0 +1,76 @@
+"""`evaluate`: one agent over the paired held-out cells -> the aggregate report."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from ml_collections import ConfigDict
+
+from bat_jax import workflow
+from bat_jax.evaluator import cells as cells_lib
+from bat_jax.evaluator import report as report_lib
+from bat_jax.evaluator import runner
+from bat_jax.evaluator.agents import AgentFactory, builtin_factory
+from bat_jax.sandbox import SandboxLimits
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+  """What defines the measurement: the cells and the limits (both enter the digests)."""
+  tier: str = "lite"
+  seed: int = 20260816
+  cells_per_track: int = 3
+  tracks: tuple[str, ...] = workflow.TRACKS
+  limits: cells_lib.EpisodeLimits = cells_lib.EpisodeLimits()
+  sandbox_limits: SandboxLimits = SandboxLimits()
+
+  @classmethod
+  def from_config(cls, evaluator: ConfigDict, sandbox: Optional[ConfigDict] = None
+                  ) -> "EvalSettings":
+    """From the `evaluator` (and optionally `sandbox`) sections of a run config."""
+    limits = SandboxLimits(**sandbox.to_dict()) if sandbox is not None else SandboxLimits()
+    return cls(tier=evaluator.tier, seed=int(evaluator.seed),
+               cells_per_track=int(evaluator.cells_per_track), sandbox_limits=limits)
+
+  def cells(self) -> tuple[cells_lib.Cell, ...]:
+    return cells_lib.make_cells(self.seed, self.cells_per_track, self.tier, self.tracks)
+
+
+def evaluate(agent: str | AgentFactory, records_dir: Path, *,
+             settings: EvalSettings = EvalSettings(),
+             options: runner.RunOptions = runner.RunOptions(),
+             progress: Optional[runner.Progress] = None) -> dict[str, Any]:
+  """Runs `agent` (a built-in name or a picklable factory) on every cell.
+
+  Per-cell records go to `records_dir` (evaluator side); the return value is the aggregate
+  report, already checked by the firewall.
+  """
+  factory = builtin_factory(agent) if isinstance(agent, str) else agent
+  cells = settings.cells()
+  records = runner.run_cells(cells, factory, records_dir, limits=settings.limits,
+                             sandbox_limits=settings.sandbox_limits, options=options,
+                             progress=progress)
+  return report_lib.aggregate(
+      records, tier=settings.tier, cell_set_digest=cells_lib.cell_set_digest(cells),
+      protocol_digest=cells_lib.protocol_digest(cells, settings.limits, settings.sandbox_limits))
+
+
+def stage_table(report: dict[str, Any]) -> str:
+  """The report as a fixed-width table: one row per track plus the overall row."""
+  def f(x: Optional[float]) -> str:
+    return "  null" if x is None else f"{x:6.3f}"
+  head = f"{'track':<15}" + "".join(f"{s:>7}" for s in workflow.STAGES) + \
+      f"{'task':>7}{'agentic':>8}{'overall':>8}{'valid':>8}"
+  rows = [head, "-" * len(head)]
+  for track, t in report["track_scores"].items():
+    rows.append(f"{track:<15}" + "".join(f" {f(t['stage_scores'][s])}" for s in workflow.STAGES)
+                + f" {f(t['task'])}  {f(t['agentic'])}  {f(t['overall'])}"
+                + f"{t['valid']:>5}/{t['cells']}")
+  v = report["validity"]
+  rows.append("-" * len(head))
+  rows.append(f"{'ALL':<15}" + "".join(f" {f(report['stage_scores'][s])}" for s in workflow.STAGES)
+              + f" {f(report['task_score'])}  {f(report['agentic'])}  {f(report['overall'])}"
+              + f"{v['valid_cells']:>5}/{v['valid_cells'] + v['invalid_cells']}")
+  return "\n".join(rows)

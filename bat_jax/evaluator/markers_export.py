@@ -1,0 +1,115 @@
+"""Held-out markers for the Stage Bank's leakage check, exported hashed only.
+
+The markers are the strings that identify held-out content: task ids, case ids, file and folder
+names, planted-fault subjects, answers (class labels, VQA answers, report impressions and the
+full expected report texts), VQA questions and the evaluator's own brief / objective wording.
+Public contract strings (`workflow.ARTIFACTS` paths and their parts, the model folder's generic
+`card.json` / `runner.py` / `convert.py`) and bare numbers are left out: the training side uses
+them too, so they identify nothing and would only cause false rejections.
+
+The export is `bat_jax.markers.export_markers` (salted sha256 of NFKC-casefolded alphanumeric
+token n-grams; long texts as all their 8-token windows; markers under 4 characters ignored): the
+Stage Bank's `MarkerMatcher` finds a marker case-insensitively, embedded in longer text and in
+nested keys or values, without ever holding the plaintext.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import secrets
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from bat_jax import markers, workflow
+from bat_jax.evaluator import generators
+from bat_jax.evaluator.cells import Cell
+from bat_jax.tasks import TaskInstance
+from bat_jax.tasks.scripts.checks import atomic_write_json
+
+MODEL_FOLDER_FILES = ("card.json", "runner.py", "convert.py")
+
+
+def _public_names() -> frozenset[str]:
+  names = set(MODEL_FOLDER_FILES)
+  for rel in workflow.ARTIFACTS.values():
+    names.add(rel)
+    names.update(rel.split("/"))
+  return frozenset(names)
+
+
+PUBLIC_NAMES = _public_names()
+
+
+def _path_markers(rel: str) -> list[str]:
+  parts = [p for p in rel.split("/") if p not in PUBLIC_NAMES]
+  return ([rel] if rel not in PUBLIC_NAMES and parts else []) + parts
+
+
+def _answers(instance: TaskInstance) -> list[str]:
+  """Answer strings of one task: labels / VQA answers, report impressions and full texts."""
+  out: list[str] = []
+  hidden = instance.hidden
+  for truth in hidden["truth"].values():
+    if isinstance(truth, str):
+      out.append(truth)
+    elif instance.track == "report":
+      out.append(truth[-1])  # the impression; count / quadrant phrases are generic
+  if instance.track == "report":
+    out += [text for text in hidden["expected"].values() if isinstance(text, str)]
+  out += instance.spec["prediction_schema"].get("labels", [])
+  return out
+
+
+def instance_markers(instance: TaskInstance) -> set[str]:
+  """Every marker string of one held-out task."""
+  hidden = instance.hidden
+  found = {instance.task_id, *hidden["case_ids"], *hidden["excluded"], *hidden["env_missing"]}
+  if isinstance(hidden["fault_subject"], str):
+    found.add(hidden["fault_subject"])
+  for rel in instance.files:
+    found.update(_path_markers(rel))
+  found.update(_path_markers(instance.spec["submission"]["path"]))
+  found.update(_answers(instance))
+  index = instance.files[instance.spec["data"]["index"]].decode()
+  found.update(row["question"] for row in csv.DictReader(io.StringIO(index))
+               if row.get("question"))
+  return found
+
+
+def static_markers() -> set[str]:
+  """The evaluator's fixed wording: objectives, brief openings, VQA / report phrasing."""
+  found = set(generators.OBJECTIVES.values()) | set(generators.OPENINGS)
+  found.update(generators.HELDOUT_NAMES.labels)
+  found.update(generators.HELDOUT_NAMES.missing_modules)
+  for phrases in (*generators.IMPRESSIONS.values(), *generators.VQA_ANSWERS.values()):
+    found.update(phrases)
+  for names in generators.SUBMISSION_NAMES.values():
+    found.update(names)
+  return found
+
+
+def _keep(marker: str) -> bool:
+  tokens = markers.normalize_tokens(marker)
+  return (marker not in PUBLIC_NAMES and len(" ".join(tokens)) >= markers.MIN_MARKER_CHARS
+          and not all(t.isdigit() for t in tokens))
+
+
+def collect_markers(instances: Iterable[TaskInstance]) -> list[str]:
+  """Sorted, de-duplicated marker strings of the given tasks plus the static wording."""
+  found = static_markers()
+  for instance in instances:
+    found |= instance_markers(instance)
+  return sorted(m for m in found if _keep(m))
+
+
+def export_cells(cells: Sequence[Cell], salt: Optional[bytes] = None) -> dict[str, Any]:
+  """The hashed marker export of a cell set (random salt unless given)."""
+  strings = collect_markers(c.instance() for c in cells)
+  return markers.export_markers(strings, secrets.token_bytes(16) if salt is None else salt)
+
+
+def write_export(export: dict[str, Any], path: Path) -> Path:
+  Path(path).parent.mkdir(parents=True, exist_ok=True)
+  atomic_write_json(str(path), export)
+  return Path(path)

@@ -1,0 +1,96 @@
+"""Aggregation: evaluator-side cell records -> the aggregate report (the only export).
+
+Invalid cells never enter a score; they are counted under `validity` and
+`failure_categories`. A score with no valid cell behind it is null. Scores are means over valid
+cells of the per-cell values (`episode._scores`: a stage without evidence is 0 in an
+end-to-end cell).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Mapping, Optional, Sequence
+
+from bat_jax import workflow
+from bat_jax.evaluator.firewall import INVALID_REASONS, REPORT_SCHEMA, check_report
+
+TASK_FAILED_BELOW = 0.5  # a valid cell whose task score is below this counts as task_failed
+
+
+def _mean(values: Sequence[float]) -> Optional[float]:
+  return sum(values) / len(values) if values else None
+
+
+def _scores(valid: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+  return {
+      "stage_scores": {s: _mean([r["stage_scores"][s] for r in valid]) for s in workflow.STAGES},
+      "task": _mean([r["task_score"] for r in valid]),
+      "agentic": _mean([r["agentic"] for r in valid]),
+      "overall": _mean([r["overall"] for r in valid]),
+  }
+
+
+def failure_categories(record: Mapping[str, Any]) -> list[str]:
+  """The failure categories one cell record falls under (firewall.FAILURE_CATEGORIES)."""
+  if not record["valid"]:
+    return [record["invalid_reason"]]
+  found = [f"no_evidence_{s}" for s in workflow.STAGES if not record["stage_evidence"][s]]
+  if record["stop_reason"] != "agent_stop":
+    found.append(record["stop_reason"])
+  if record["malformed_turns"]:
+    found.append("malformed_turns")
+  if not record["submitted"]:
+    found.append("no_submission")
+  if record["task_score"] < TASK_FAILED_BELOW:
+    found.append("task_failed")
+  return found
+
+
+def aggregate(records: Sequence[Mapping[str, Any]], *, tier: str, protocol_digest: str,
+              cell_set_digest: str) -> dict[str, Any]:
+  """The aggregate report of a run (checked by the firewall before it is returned)."""
+  valid = [r for r in records if r["valid"]]
+  overall = _scores(valid)
+  tracks: dict[str, Any] = {}
+  for track in workflow.TRACKS:
+    mine = [r for r in records if r["cell"]["track"] == track]
+    if not mine:
+      continue
+    scores = _scores([r for r in mine if r["valid"]])
+    tracks[track] = {**scores, "cells": len(mine), "valid": sum(r["valid"] for r in mine)}
+  categories = collections.Counter(c for r in records for c in failure_categories(r))
+  report = {
+      "schema": REPORT_SCHEMA, "tier": tier,
+      "stage_scores": overall["stage_scores"], "task_score": overall["task"],
+      "agentic": overall["agentic"], "overall": overall["overall"],
+      "track_scores": tracks,
+      "completion": {
+          "cells": len(records), "valid": len(valid),
+          "submitted": sum(r["submitted"] for r in valid),
+          "agent_stopped": sum(r["stop_reason"] == "agent_stop" for r in valid),
+          "stage_evidence": {s: sum(r["stage_evidence"][s] for r in valid)
+                             for s in workflow.STAGES}},
+      "failure_categories": dict(sorted(categories.items())),
+      "validity": {"valid": len(valid) == len(records), "valid_cells": len(valid),
+                   "invalid_cells": len(records) - len(valid)},
+      "protocol_digest": protocol_digest, "cell_set_digest": cell_set_digest,
+  }
+  check_report(report)
+  return report
+
+
+def require_complete(report: Mapping[str, Any], source: str = "evaluator") -> None:
+  """Raises ValueError when a report has invalid cells or null scores (callers must stop)."""
+  check_report(report)
+  problems = []
+  if not report["validity"]["valid"] or report["validity"]["invalid_cells"]:
+    problems.append(f"{report['validity']['invalid_cells']} invalid cell(s) "
+                    f"({', '.join(f'{k}={v}' for k, v in report['failure_categories'].items() if k in INVALID_REASONS)})")
+  nulls = [k for k in ("task_score", "agentic", "overall") if report[k] is None]
+  nulls += [f"stage_scores.{s}" for s, v in report["stage_scores"].items() if v is None]
+  nulls += [f"track_scores.{t}.overall" for t, v in report["track_scores"].items()
+            if v["overall"] is None]
+  if nulls:
+    problems.append(f"null score(s): {', '.join(nulls)}")
+  if problems:
+    raise ValueError(f"{source} report is not usable: {'; '.join(problems)}")

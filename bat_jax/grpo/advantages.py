@@ -1,0 +1,95 @@
+"""Group-relative advantage estimators (GRPO, RLOO).
+
+Advantages are computed per group: every continuation of one `state_id` shares a group id, and a
+reward is only ever compared with the rewards of its own group. Group ids are arbitrary integers
+and need not be contiguous in the batch, so groups are resolved with a `[B, B]` same-group matrix
+(B is a few dozen rollouts per update, so this is cheap and needs no segment bookkeeping).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+
+AdvantageFn = Callable[..., jax.Array]
+
+
+def _group_stats(rewards: jax.Array, group_ids: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Per-row group size, group sum and same-group matrix.
+
+  Args:
+    rewards: `[B]` float rewards.
+    group_ids: `[B]` integer group ids.
+
+  Returns:
+    `(count [B], total [B], same [B, B])`, where `same[i, j]` is 1.0 when rows i and j share a group.
+  """
+  same = (group_ids[:, None] == group_ids[None, :]).astype(rewards.dtype)
+  count = same.sum(axis=1)
+  total = same @ rewards
+  return count, total, same
+
+
+def grpo_advantages(rewards: jax.Array, group_ids: jax.Array, *, std_normalize: bool = False,
+                    eps: float = 1e-6) -> jax.Array:
+  """GRPO: `r - mean_g`, optionally divided by `(std_g + eps)` with the sample std (ddof=1)."""
+  count, total, same = _group_stats(rewards, group_ids)
+  centred = rewards - total / count
+  if std_normalize:
+    sq = same @ (rewards ** 2)
+    # Sample variance from sums: (sum r^2 - n * mean^2) / (n - 1); groups of one are zeroed below.
+    var = (sq - total ** 2 / count) / jnp.maximum(count - 1.0, 1.0)
+    centred = centred / (jnp.sqrt(jnp.maximum(var, 0.0)) + eps)
+  return jnp.where(count > 1, centred, 0.0)
+
+
+def rloo_advantages(rewards: jax.Array, group_ids: jax.Array, *, std_normalize: bool = False,
+                    eps: float = 1e-6) -> jax.Array:
+  """RLOO: `r_i` minus the mean of the other members of its group (no std normalisation)."""
+  del eps
+  if std_normalize:
+    raise ValueError("std_normalize is not defined for advantage mode 'rloo'")
+  count, total, _ = _group_stats(rewards, group_ids)
+  loo_mean = (total - rewards) / jnp.maximum(count - 1.0, 1.0)
+  return jnp.where(count > 1, rewards - loo_mean, 0.0)
+
+
+ADVANTAGE_ESTIMATORS: Mapping[str, AdvantageFn] = {
+    "grpo": grpo_advantages,
+    "rloo": rloo_advantages,
+}
+
+
+def check_mode(kind: str, mode: str, registry: Mapping[str, object]) -> None:
+  """Raises a ValueError naming `kind` and listing the valid modes when `mode` is unknown."""
+  if mode not in registry:
+    raise ValueError(f"unknown {kind} {mode!r}; valid: {sorted(registry)}")
+
+
+def group_advantages(rewards, group_ids, *, mode: str = "grpo", std_normalize: bool = False,
+                     eps: float = 1e-6) -> jax.Array:
+  """Group-relative advantages; never normalised across groups.
+
+  Args:
+    rewards: `[B]` rewards. NaN/inf rewards raise (they would silently poison every group member)
+      when the values are concrete; under `jit` they propagate and the train step's finite guard
+      skips the update.
+    group_ids: `[B]` integer group ids (e.g. a hash of `state_id`), any order.
+    mode: a key of `ADVANTAGE_ESTIMATORS`.
+    std_normalize: divide by the group's sample std (ddof=1) + eps (grpo only).
+    eps: std floor.
+
+  Returns:
+    `[B]` float32 advantages; a group of one gets 0.
+  """
+  check_mode("advantage mode", mode, ADVANTAGE_ESTIMATORS)
+  rewards = jnp.asarray(rewards, jnp.float32)
+  group_ids = jnp.asarray(group_ids)
+  if rewards.ndim != 1 or group_ids.shape != rewards.shape:
+    raise ValueError(f"rewards {rewards.shape} and group_ids {group_ids.shape} must both be [B]")
+  if not isinstance(rewards, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(rewards))):
+    bad = [int(i) for i in jnp.nonzero(~jnp.isfinite(rewards))[0]]
+    raise ValueError(f"rewards contain non-finite values at rows {bad}")
+  return ADVANTAGE_ESTIMATORS[mode](rewards, group_ids, std_normalize=std_normalize, eps=eps)

@@ -1,0 +1,98 @@
+"""Taken-token logprobs without materialising the `[B, T, V]` float32 logits.
+
+The final hidden states are cut into sequence chunks and a `lax.scan` computes, per chunk, the
+`[B, C, V]` logits, their logsumexp and the taken token's logit. Each chunk body is rematerialised
+(`jax.checkpoint`), so the backward pass keeps only the `[B, C, D]` hidden chunk, not the logits:
+peak memory is O(B * C * V) instead of O(B * T * V) (Qwen3.5's V is ~248k).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def chunked_logprobs(hidden: Array, kernel: Array, targets: Array, *, chunk_size: int = 512,
+                     temperature: float = 1.0,
+                     with_entropy: bool = False) -> tuple[Array, Optional[Array]]:
+  """Logprob of `targets` under `softmax(hidden @ kernel / temperature)`, chunked over T.
+
+  Args:
+    hidden: `[B, T, D]` final (normed) hidden states; row t predicts `targets[:, t]`.
+    kernel: `[D, V]` unembedding matrix.
+    targets: `[B, T]` int token ids.
+    chunk_size: sequence positions per chunk (T is padded up to a multiple).
+    temperature: sampling temperature the rollouts used (logits are divided by it).
+    with_entropy: also return the per-token entropy (no gradient flows through it).
+
+  Returns:
+    `(logp [B, T] float32, entropy [B, T] float32 or None)`.
+  """
+  if hidden.ndim != 3 or targets.shape != hidden.shape[:2]:
+    raise ValueError(f"hidden {hidden.shape} must be [B, T, D] and targets {targets.shape} [B, T]")
+  if kernel.ndim != 2 or kernel.shape[0] != hidden.shape[-1]:
+    raise ValueError(f"kernel {kernel.shape} must be [D={hidden.shape[-1]}, V]")
+  if chunk_size <= 0:
+    raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+  batch, length, dim = hidden.shape
+  chunk = min(chunk_size, length)
+  n_chunks = -(-length // chunk)
+  pad = n_chunks * chunk - length
+  hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+  targets = jnp.pad(targets, ((0, 0), (0, pad)))
+  # [n, B, C, ...]: scan over the leading chunk axis.
+  h_chunks = hidden.reshape(batch, n_chunks, chunk, dim).swapaxes(0, 1)
+  t_chunks = targets.reshape(batch, n_chunks, chunk).swapaxes(0, 1)
+
+  @jax.checkpoint
+  def one_chunk(h: Array, t: Array) -> tuple[Array, Array]:
+    logits = jnp.einsum("bcd,dv->bcv", h, kernel, preferred_element_type=jnp.float32)
+    logits = logits / temperature
+    lse = jax.nn.logsumexp(logits, axis=-1)                            # [B, C]
+    taken = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]   # [B, C]
+    if with_entropy:
+      probs = jax.nn.softmax(jax.lax.stop_gradient(logits), axis=-1)
+      ent = jax.lax.stop_gradient(lse) - (probs * jax.lax.stop_gradient(logits)).sum(-1)
+    else:
+      ent = jnp.zeros_like(lse)
+    return taken - lse, ent
+
+  def body(carry, xs):
+    return carry, one_chunk(*xs)
+
+  _, (logp, ent) = jax.lax.scan(body, None, (h_chunks, t_chunks))
+  logp = logp.swapaxes(0, 1).reshape(batch, n_chunks * chunk)[:, :length]
+  ent = ent.swapaxes(0, 1).reshape(batch, n_chunks * chunk)[:, :length]
+  return logp, (ent if with_entropy else None)
+
+
+def shift_to_positions(values: Array) -> Array:
+  """`[B, T-1]` per-prediction values -> `[B, T]` aligned with the token they score (col 0 = 0)."""
+  return jnp.pad(values, ((0, 0), (1, 0)))
+
+
+def taken_token_logprobs(model, input_ids: Array, *, positions: Optional[Array] = None,
+                         chunk_size: int = 512, temperature: float = 1.0,
+                         with_entropy: bool = False) -> tuple[Array, Optional[Array]]:
+  """Per-position logprob of each token given its prefix, through `model.hidden_states`.
+
+  Args:
+    model: a decoder exposing `hidden_states(input_ids, *, positions)` -> `[B, T, D]` and
+      `unembed_kernel()` -> `[D, V]`.
+    input_ids: `[B, T]` int32 tokens (prompt + response, right padded).
+    positions: optional `[B, T]` positions.
+    chunk_size, temperature, with_entropy: see `chunked_logprobs`.
+
+  Returns:
+    `(logp [B, T], entropy [B, T] or None)`; `logp[:, t] = log p(input_ids[:, t] | input_ids[:, :t])`
+    and column 0 (no prefix) is 0, so the loss mask must be 0 there.
+  """
+  hidden = model.hidden_states(input_ids, positions=positions)
+  logp, ent = chunked_logprobs(hidden[:, :-1], model.unembed_kernel(), input_ids[:, 1:],
+                               chunk_size=chunk_size, temperature=temperature,
+                               with_entropy=with_entropy)
+  return shift_to_positions(logp), (shift_to_positions(ent) if ent is not None else None)

@@ -1,0 +1,226 @@
+"""Clipped policy-gradient loss with KL estimators and loss aggregation modes.
+
+Everything is a pure function of arrays. Estimators and aggregations live in small registries
+(`KL_ESTIMATORS`, `LOSS_AGGREGATIONS`); config validation reads the registry keys, so adding a mode
+here is the only change needed to make it valid everywhere.
+
+The loss is returned as a `(numerator, denominator)` pair whose denominator does not depend on the
+parameters. Summing numerators and denominators over micro-batches and dividing once therefore
+gives exactly the full-batch loss and gradient, for every aggregation mode.
+
+Statistics are kept as masked sums (`*_sum`), maxima (`*_max`) and a token count so they too merge
+exactly across micro-batches; `finalize_stats` turns them into the reported means.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+
+from bat_jax.grpo.advantages import check_mode
+
+Array = jax.Array
+
+# ---------------------------------------------------------------------------------------------
+# KL estimators: per-token estimates of KL(pi || pi_ref) from taken-token logprobs. [B, T] -> [B, T]
+# ---------------------------------------------------------------------------------------------
+
+
+def kl_k1(logp: Array, ref_logp: Array) -> Array:
+  return logp - ref_logp
+
+
+def kl_k2(logp: Array, ref_logp: Array) -> Array:
+  return 0.5 * (logp - ref_logp) ** 2
+
+
+def kl_k3(logp: Array, ref_logp: Array) -> Array:
+  log_ratio = ref_logp - logp
+  return jnp.exp(log_ratio) - log_ratio - 1.0
+
+
+KL_ESTIMATORS: Mapping[str, Callable[[Array, Array], Array]] = {
+    "k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+# ---------------------------------------------------------------------------------------------
+# Aggregations: (per-token loss [B, T], mask [B, T]) -> (numerator, denominator).
+# Rows whose mask is all zero contribute nothing and are not counted as sequences.
+# ---------------------------------------------------------------------------------------------
+
+
+def _nonempty_rows(mask: Array) -> Array:
+  return (mask.sum(axis=-1) > 0).astype(jnp.float32)
+
+
+def agg_token_mean(loss: Array, mask: Array) -> tuple[Array, Array]:
+  return (loss * mask).sum(), mask.sum()
+
+
+def agg_seq_mean_token_mean(loss: Array, mask: Array) -> tuple[Array, Array]:
+  per_seq = (loss * mask).sum(axis=-1) / jnp.maximum(mask.sum(axis=-1), 1.0)
+  return per_seq.sum(), _nonempty_rows(mask).sum()
+
+
+def agg_seq_mean_token_sum(loss: Array, mask: Array) -> tuple[Array, Array]:
+  return (loss * mask).sum(), _nonempty_rows(mask).sum()
+
+
+def agg_seq_mean_token_sum_norm(loss: Array, mask: Array) -> tuple[Array, Array]:
+  # The constant B*T normaliser (Dr. GRPO): no length bias from per-sequence token counts.
+  return (loss * mask).sum(), jnp.asarray(mask.size, jnp.float32)
+
+
+LOSS_AGGREGATIONS: Mapping[str, Callable[[Array, Array], tuple[Array, Array]]] = {
+    "token-mean": agg_token_mean,
+    "seq-mean-token-mean": agg_seq_mean_token_mean,
+    "seq-mean-token-sum": agg_seq_mean_token_sum,
+    "seq-mean-token-sum-norm": agg_seq_mean_token_sum_norm,
+}
+
+
+def validate_loss_config(*, kl_estimator: str, loss_agg: str, clip_low: float, clip_high: float,
+                         dual_clip: Optional[float], kl_coef: float,
+                         tis_cap: Optional[float]) -> None:
+  """Checks static loss options; each error names the field at fault."""
+  check_mode("kl_estimator", kl_estimator, KL_ESTIMATORS)
+  check_mode("loss_agg", loss_agg, LOSS_AGGREGATIONS)
+  if not 0.0 <= clip_low < 1.0:
+    raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
+  if clip_high < 0.0:
+    raise ValueError(f"clip_high must be >= 0, got {clip_high}")
+  if dual_clip is not None and dual_clip <= 1.0:
+    raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+  if kl_coef < 0.0:
+    raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+  if tis_cap is not None and tis_cap <= 0.0:
+    raise ValueError(f"tis_cap must be > 0 (or None), got {tis_cap}")
+
+
+def _check_shapes(logp, old_logp, advantages, mask, ref_logp, sampler_logp) -> None:
+  if logp.ndim != 2:
+    raise ValueError(f"logp must be [B, T], got shape {logp.shape}")
+  for name, arr in (("old_logp", old_logp), ("loss_mask", mask), ("ref_logp", ref_logp),
+                    ("sampler_logp", sampler_logp)):
+    if arr is not None and arr.shape != logp.shape:
+      raise ValueError(f"{name} has shape {arr.shape}, expected {logp.shape} like logp")
+  if advantages.shape != logp.shape[:1]:
+    raise ValueError(f"advantages has shape {advantages.shape}, expected ({logp.shape[0]},)")
+
+
+def policy_loss_terms(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
+                      ref_logp: Optional[Array] = None, sampler_logp: Optional[Array] = None,
+                      clip_low: float = 0.2, clip_high: float = 0.2,
+                      dual_clip: Optional[float] = None, kl_coef: float = 0.0,
+                      kl_estimator: str = "k3", loss_agg: str = "seq-mean-token-mean",
+                      tis_cap: Optional[float] = None) -> tuple[Array, Array, dict[str, Array]]:
+  """The policy loss as `(numerator, denominator, stats)`; see `policy_loss` for the arguments."""
+  validate_loss_config(kl_estimator=kl_estimator, loss_agg=loss_agg, clip_low=clip_low,
+                       clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef, tis_cap=tis_cap)
+  _check_shapes(logp, old_logp, advantages, mask, ref_logp, sampler_logp)
+  if kl_coef > 0 and ref_logp is None:
+    raise ValueError("kl_coef > 0 needs ref_logp")
+  if tis_cap is not None and sampler_logp is None:
+    raise ValueError("tis_cap needs sampler_logp (the rollout engine's logprobs)")
+  mask = mask.astype(jnp.float32)
+  adv = advantages.astype(jnp.float32)[:, None]                    # [B, 1]
+  log_ratio = logp - old_logp
+  ratio = jnp.exp(log_ratio)                                        # [B, T]
+  unclipped = -adv * ratio
+  clipped = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+  per_token = jnp.maximum(unclipped, clipped)
+  was_clipped = clipped > unclipped
+  if dual_clip is not None:
+    per_token = jnp.where(adv < 0, jnp.minimum(per_token, -adv * dual_clip), per_token)
+  if tis_cap is not None:
+    # Correct for the sampler/trainer mismatch; a constant weight, not a path for gradients.
+    tis = jnp.minimum(jnp.exp(old_logp - sampler_logp), tis_cap)
+    per_token = per_token * jax.lax.stop_gradient(tis)
+  stats = {
+      "tokens": mask.sum(),
+      "pg_loss_sum": (per_token * mask).sum(),
+      "clip_frac_sum": (was_clipped * mask).sum(),
+      "approx_kl_sum": (0.5 * log_ratio ** 2 * mask).sum(),
+      "ratio_sum": (ratio * mask).sum(),
+      "ratio_max": jnp.max(jnp.where(mask > 0, ratio, -jnp.inf)),
+  }
+  if kl_coef > 0:
+    kl = KL_ESTIMATORS[kl_estimator](logp, ref_logp)
+    per_token = per_token + kl_coef * kl
+    stats["kl_sum"] = (kl * mask).sum()
+  if sampler_logp is not None:
+    stats["sampler_gap_sum"] = (jnp.abs(old_logp - sampler_logp) * mask).sum()
+    stats["sampler_gap_max"] = jnp.max(jnp.where(mask > 0, jnp.abs(old_logp - sampler_logp), 0.0))
+  numerator, denominator = LOSS_AGGREGATIONS[loss_agg](per_token, mask)
+  stats["sequences"] = _nonempty_rows(mask).sum()
+  return numerator, denominator, stats
+
+
+def merge_stats(a: Mapping[str, Array], b: Mapping[str, Array]) -> dict[str, Array]:
+  """Merges two stat dicts: `*_max` by maximum, everything else by sum."""
+  return {k: jnp.maximum(a[k], b[k]) if k.endswith("_max") else a[k] + b[k] for k in a}
+
+
+def finalize_stats(stats: Mapping[str, Array]) -> dict[str, Array]:
+  """Masked sums -> per-token means (`x_sum` -> `x`); maxima and counts pass through."""
+  tokens = jnp.maximum(stats["tokens"], 1.0)
+  out = {}
+  for key, value in stats.items():
+    if key.endswith("_sum"):
+      out[key[:-len("_sum")]] = value / tokens
+    else:
+      out[key] = value
+  return out
+
+
+def safe_divide(numerator: Array, denominator: Array) -> Array:
+  """`numerator / denominator`, 0 where the denominator is 0 (an all-masked batch)."""
+  return jnp.where(denominator > 0, numerator / jnp.where(denominator > 0, denominator, 1.0), 0.0)
+
+
+def policy_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
+                ref_logp: Optional[Array] = None, sampler_logp: Optional[Array] = None,
+                clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: Optional[float] = None,
+                kl_coef: float = 0.0, kl_estimator: str = "k3",
+                loss_agg: str = "seq-mean-token-mean",
+                tis_cap: Optional[float] = None) -> tuple[Array, dict[str, Array]]:
+  """PPO/GRPO clipped surrogate loss over taken tokens.
+
+  Per token: `max(-A*r, -A*clip(r, 1-clip_low, 1+clip_high))` with `r = exp(logp - old_logp)`;
+  for A<0 capped at `-A*dual_clip` when set; times the truncated importance weight
+  `min(exp(old_logp - sampler_logp), tis_cap)` when `tis_cap` is set; plus `kl_coef * KL(logp,
+  ref_logp)` (never in the reward). Then aggregated by `loss_agg`.
+
+  Args:
+    logp: `[B, T]` current taken-token logprobs (differentiated).
+    old_logp: `[B, T]` behaviour-policy logprobs (the trainer's, before this update).
+    advantages: `[B]` per-sequence advantages.
+    mask: `[B, T]` 1 on tokens that carry loss.
+    ref_logp: `[B, T]` frozen reference logprobs; required when `kl_coef > 0`.
+    sampler_logp: `[B, T]` the rollout engine's logprobs; required by `tis_cap`, reported as
+      `sampler_gap` when given.
+    clip_low, clip_high: asymmetric ratio clip range.
+    dual_clip: cap (> 1) for negative advantages, or None.
+    kl_coef: KL loss coefficient (0 disables KL).
+    kl_estimator: key of `KL_ESTIMATORS`.
+    loss_agg: key of `LOSS_AGGREGATIONS`.
+    tis_cap: truncated importance-sampling cap, or None.
+
+  Returns:
+    `(loss, metrics)`. `metrics` holds `loss_sum` and `loss_denominator` (the exact pair to
+    accumulate), `pg_loss`, `clip_frac`, `approx_kl` (0.5 * mean (logp - old_logp)^2), `ratio`
+    (mean), `ratio_max`, `kl` when KL is on, `sampler_gap` / `sampler_gap_max` with sampler
+    logprobs, and the `tokens` / `sequences` counts. An all-zero mask raises when the mask is
+    concrete; under `jit` the loss is 0 and the train step skips the update.
+  """
+  if not isinstance(mask, jax.core.Tracer) and not bool(jnp.any(jnp.asarray(mask) > 0)):
+    raise ValueError("loss_mask is all zero: no token carries loss")
+  numerator, denominator, stats = policy_loss_terms(
+      logp, old_logp, advantages, mask, ref_logp=ref_logp, sampler_logp=sampler_logp,
+      clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef,
+      kl_estimator=kl_estimator, loss_agg=loss_agg, tis_cap=tis_cap)
+  metrics = finalize_stats(stats)
+  metrics["loss_sum"] = numerator
+  metrics["loss_denominator"] = denominator
+  return safe_divide(numerator, denominator), metrics

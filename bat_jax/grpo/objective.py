@@ -1,0 +1,105 @@
+"""The GRPO objective: taken-token logprobs through the model, then `policy_loss_terms`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from bat_jax.grpo.advantages import ADVANTAGE_ESTIMATORS, check_mode
+from bat_jax.grpo.logprobs import taken_token_logprobs
+from bat_jax.grpo.loss import policy_loss_terms, validate_loss_config
+from bat_jax.grpo.train_step import Batch, LossFn
+
+REQUIRED_KEYS = ("input_ids", "loss_mask", "old_logp", "advantages")
+OPTIONAL_KEYS = ("positions", "ref_logp", "sampler_logp")
+
+
+@dataclasses.dataclass(frozen=True)
+class GrpoConfig:
+  """GRPO loss options (BaT defaults: no std normalisation, seq-mean-token-mean, KL 0.006 k3).
+
+  Attributes:
+    advantage_mode: key of `ADVANTAGE_ESTIMATORS`.
+    std_normalize: divide advantages by the group std.
+    clip_low, clip_high, dual_clip, kl_coef, kl_estimator, loss_agg, tis_cap: see `policy_loss`.
+    temperature: the sampling temperature of the rollouts (logits are divided by it).
+    logprob_chunk_size: sequence chunk of the taken-token logprob scan.
+    compute_entropy: report the mean policy entropy (one extra pass over each logits chunk).
+  """
+  advantage_mode: str = "grpo"
+  std_normalize: bool = False
+  clip_low: float = 0.2
+  clip_high: float = 0.2
+  dual_clip: Optional[float] = None
+  kl_coef: float = 0.0
+  kl_estimator: str = "k3"
+  loss_agg: str = "seq-mean-token-mean"
+  tis_cap: Optional[float] = None
+  temperature: float = 1.0
+  logprob_chunk_size: int = 512
+  compute_entropy: bool = False
+
+  def __post_init__(self):
+    check_mode("advantage_mode", self.advantage_mode, ADVANTAGE_ESTIMATORS)
+    validate_loss_config(kl_estimator=self.kl_estimator, loss_agg=self.loss_agg,
+                         clip_low=self.clip_low, clip_high=self.clip_high,
+                         dual_clip=self.dual_clip, kl_coef=self.kl_coef, tis_cap=self.tis_cap)
+    if self.temperature <= 0:
+      raise ValueError(f"temperature must be > 0, got {self.temperature}")
+
+
+def check_batch(batch: Batch) -> None:
+  """Raises naming any missing/unknown key or a `[B, T]` shape mismatch."""
+  missing = [k for k in REQUIRED_KEYS if k not in batch]
+  if missing:
+    raise ValueError(f"GRPO batch is missing keys {missing}; has {sorted(batch)}")
+  unknown = sorted(set(batch) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
+  if unknown:
+    raise ValueError(f"GRPO batch has unknown keys {unknown}")
+  shape = batch["input_ids"].shape
+  for key in ("loss_mask", "old_logp", "positions", "ref_logp", "sampler_logp"):
+    if key in batch and batch[key].shape != shape:
+      raise ValueError(f"batch[{key!r}] has shape {batch[key].shape}, expected {shape}")
+  if batch["advantages"].shape != shape[:1]:
+    raise ValueError(f"batch['advantages'] has shape {batch['advantages'].shape}, "
+                     f"expected ({shape[0]},)")
+
+
+def needs_ref_model(cfg: GrpoConfig, batch: Batch) -> bool:
+  """The frozen reference model runs only for KL without precomputed `ref_logp`."""
+  return cfg.kl_coef > 0 and "ref_logp" not in batch
+
+
+def grpo_loss_fn(cfg: GrpoConfig) -> LossFn:
+  """A `LossFn` for `build_step_fn`; reference logprobs are never computed when kl_coef == 0."""
+
+  def loss_fn(model: nnx.Module, batch: Batch, ref_model: Optional[nnx.Module]):
+    check_batch(batch)
+    logp, entropy = taken_token_logprobs(
+        model, batch["input_ids"], positions=batch.get("positions"),
+        chunk_size=cfg.logprob_chunk_size, temperature=cfg.temperature,
+        with_entropy=cfg.compute_entropy)
+    ref_logp = None
+    if cfg.kl_coef > 0:
+      ref_logp = batch.get("ref_logp")
+      if ref_logp is None:
+        if ref_model is None:
+          raise ValueError("kl_coef > 0 needs batch['ref_logp'] or reference params")
+        ref_logp, _ = taken_token_logprobs(
+            ref_model, batch["input_ids"], positions=batch.get("positions"),
+            chunk_size=cfg.logprob_chunk_size, temperature=cfg.temperature)
+      ref_logp = jax.lax.stop_gradient(ref_logp)
+    numerator, denominator, stats = policy_loss_terms(
+        logp, batch["old_logp"], batch["advantages"], batch["loss_mask"], ref_logp=ref_logp,
+        sampler_logp=batch.get("sampler_logp"), clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+        dual_clip=cfg.dual_clip, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
+        loss_agg=cfg.loss_agg, tis_cap=cfg.tis_cap)
+    if entropy is not None:
+      stats["entropy_sum"] = (entropy * batch["loss_mask"].astype(jnp.float32)).sum()
+    return numerator, denominator, stats
+
+  return loss_fn

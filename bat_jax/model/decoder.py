@@ -1,0 +1,181 @@
+"""Qwen3 / Qwen3.5 causal decoder in Flax NNX, with an incremental-decode cache.
+
+Call contract (see the team contracts):
+
+    model(input_ids [B, T], *, positions=None, cache=None, valid=None)
+      -> logits [B, T, V]                  (cache is None)
+      -> (logits [B, T, V], new_cache)     (with a cache)
+
+`valid` [B, T] bool marks real tokens; each row's valid tokens must be a
+prefix of the chunk (right padding). Invalid tokens never change any KV,
+conv or recurrent state, and do not advance the row's cache length, so rows of
+different lengths can share one batched prefill.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from bat_jax.model.config import ModelConfig
+from bat_jax.model.deltanet import DeltaNetState, GatedDeltaNet
+from bat_jax.model.layers import MLP, Attention, Embed, KVCache, RMSNorm, logical_param
+
+LayerCache = KVCache | DeltaNetState
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeCache:
+  """Per-layer decode state plus per-row lengths.
+
+  layers: one entry per decoder layer (KVCache for full attention, DeltaNetState
+    for linear attention).
+  lengths: [B] int32 number of tokens already in the cache for each row.
+  """
+
+  layers: tuple[LayerCache, ...]
+  lengths: jax.Array
+
+  @property
+  def max_len(self) -> int:
+    for layer in self.layers:
+      if isinstance(layer, KVCache):
+        return layer.key.shape[1]
+    return 0  # pure-DeltaNet stacks have no length limit
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm block: token mixer (attention or DeltaNet) then SwiGLU MLP."""
+
+  def __init__(self, cfg: ModelConfig, layer_type: str, *, rngs: nnx.Rngs):
+    self.layer_type = layer_type
+    dt = dict(dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+    norm_kw = dict(eps=cfg.rms_norm_eps, zero_centered=cfg.zero_centered_norm,
+                   param_dtype=cfg.param_dtype, axis_name="embed_norm")
+    self.input_layernorm = RMSNorm(cfg.hidden_size, **norm_kw)
+    self.post_attention_layernorm = RMSNorm(cfg.hidden_size, **norm_kw)
+    if layer_type == "full_attention":
+      self.self_attn = Attention(
+          hidden_size=cfg.hidden_size, num_heads=cfg.num_attention_heads,
+          num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+          rotary_dim=cfg.rotary_dim, rope_theta=cfg.rope_theta, eps=cfg.rms_norm_eps,
+          zero_centered_norm=cfg.zero_centered_norm, output_gate=cfg.attn_output_gate,
+          use_bias=cfg.attention_bias, rngs=rngs, **dt)
+    else:
+      self.linear_attn = GatedDeltaNet(
+          hidden_size=cfg.hidden_size, num_k_heads=cfg.linear_num_key_heads,
+          num_v_heads=cfg.linear_num_value_heads, head_k_dim=cfg.linear_key_head_dim,
+          head_v_dim=cfg.linear_value_head_dim, conv_kernel=cfg.linear_conv_kernel_dim,
+          eps=cfg.rms_norm_eps, chunk_size=cfg.deltanet_chunk_size, rngs=rngs, **dt)
+    self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, rngs=rngs, **dt)
+
+  def __call__(self, x: jax.Array, *, positions: jax.Array, attn_mask: jax.Array,
+               valid: jax.Array, write_slots: jax.Array | None,
+               cache: LayerCache | None) -> tuple[jax.Array, LayerCache | None]:
+    h = self.input_layernorm(x)
+    if self.layer_type == "full_attention":
+      h, cache = self.self_attn(h, positions=positions, mask=attn_mask, cache=cache,
+                                write_slots=write_slots)
+    else:
+      h, cache = self.linear_attn(h, valid=valid, state=cache)
+    x = x + h
+    return x + self.mlp(self.post_attention_layernorm(x)), cache
+
+
+class CausalLM(nnx.Module):
+  """Decoder-only LM: embed -> layers -> final norm -> (tied or untied) unembed."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.config = cfg
+    self.embed_tokens = Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype,
+                              param_dtype=cfg.param_dtype, rngs=rngs)
+    self.layers = nnx.List([DecoderLayer(cfg, kind, rngs=rngs) for kind in cfg.layer_types])
+    self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps,
+                        zero_centered=cfg.zero_centered_norm, param_dtype=cfg.param_dtype,
+                        axis_name="embed_norm")
+    lm_head = None  # tied: the embedding table doubles as the output projection
+    if not cfg.tie_word_embeddings:
+      w = 0.02 * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.hidden_size))
+      lm_head = logical_param(w.astype(cfg.param_dtype), ("vocab", "embed"))
+    self.lm_head = nnx.data(lm_head)
+
+  # -- public API -------------------------------------------------------------
+
+  def unembed_kernel(self) -> jax.Array:
+    """[D, V] output projection (the embedding table's transpose when tied)."""
+    table = self.embed_tokens.embedding if self.lm_head is None else self.lm_head
+    return table[...].T
+
+  def init_cache(self, batch_size: int, max_len: int, dtype=None) -> DecodeCache:
+    """Empty decode cache: KV [B, max_len, K, Dh] per attention layer, conv +
+    recurrent state per DeltaNet layer (recurrent state always fp32)."""
+    dtype = jnp.dtype(dtype or self.config.dtype)
+    cfg = self.config
+    layers: list[LayerCache] = []
+    for layer in self.layers:
+      if layer.layer_type == "full_attention":
+        shape = (batch_size, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        layers.append(KVCache(key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype)))
+      else:
+        layers.append(layer.linear_attn.init_state(batch_size, dtype))
+    return DecodeCache(layers=tuple(layers), lengths=jnp.zeros((batch_size,), jnp.int32))
+
+  def hidden_states(self, input_ids: jax.Array, *, positions: jax.Array | None = None,
+                    cache: DecodeCache | None = None, valid: jax.Array | None = None):
+    """Final-normed hidden states [B, T, D] (and the new cache when given one).
+
+    Logits are `hidden @ unembed_kernel()`; GRPO uses this split to compute
+    taken-token log-probs in chunks without materialising [B, T, V].
+    """
+    b, t = input_ids.shape
+    if valid is None:
+      valid = jnp.ones((b, t), dtype=bool)
+    valid = jnp.broadcast_to(valid.astype(bool), (b, t))
+    counts = jnp.cumsum(valid.astype(jnp.int32), axis=1)  # [B, T]
+    start = cache.lengths[:, None] if cache is not None else jnp.zeros((b, 1), jnp.int32)
+    # Slot (= absolute index) of each token; an invalid token borrows the slot
+    # of the last valid token before it.
+    slots = start + counts - 1
+    if positions is None:
+      positions = jnp.maximum(slots, 0)
+    if cache is None:
+      causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+      attn_mask = causal[None] & valid[:, None, :]  # [B, T, T]
+      write_slots = None
+    else:
+      max_len = cache.max_len
+      key_slot = jnp.arange(max_len)[None, None, :]
+      new_len = start + counts[:, -1:]  # [B, 1]
+      attn_mask = (key_slot <= slots[..., None]) & (key_slot < new_len[..., None])
+      write_slots = jnp.where(valid, slots, max_len)  # out of range -> dropped
+
+    x = self.embed_tokens(input_ids)
+    new_layers = []
+    for i, layer in enumerate(self.layers):
+      x, layer_cache = layer(x, positions=positions, attn_mask=attn_mask, valid=valid,
+                             write_slots=write_slots,
+                             cache=None if cache is None else cache.layers[i])
+      new_layers.append(layer_cache)
+    x = self.norm(x)
+    if cache is None:
+      return x
+    return x, DecodeCache(layers=tuple(new_layers), lengths=cache.lengths + counts[:, -1])
+
+  def __call__(self, input_ids: jax.Array, *, positions: jax.Array | None = None,
+               cache: DecodeCache | None = None, valid: jax.Array | None = None):
+    """Logits [B, T, V] in fp32 (plus the new cache when given one)."""
+    out = self.hidden_states(input_ids, positions=positions, cache=cache, valid=valid)
+    hidden, new_cache = (out, None) if cache is None else out
+    kernel = self.unembed_kernel().astype(self.config.dtype)
+    logits = jnp.dot(hidden.astype(self.config.dtype), kernel,
+                     preferred_element_type=jnp.float32)
+    return logits if cache is None else (logits, new_cache)
+
+
+def build_model(cfg: ModelConfig, *, rngs: nnx.Rngs) -> CausalLM:
+  """Randomly initialised model for `cfg` (params in cfg.param_dtype)."""
+  return CausalLM(cfg, rngs=rngs)

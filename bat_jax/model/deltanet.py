@@ -1,0 +1,257 @@
+"""Gated DeltaNet (Qwen3.5 `linear_attention` layers) in Flax NNX.
+
+The gated delta rule keeps a per-head state S [Dk, Dv] and, per token t:
+
+    S <- exp(g_t) * S                       (decay)
+    S <- S + k_t (beta_t * (v_t - k_t^T S))^T  (delta-rule write)
+    o_t = S^T q_t
+
+Two equivalent forms:
+* `gated_delta_rule_recurrent`: a `lax.scan` over tokens (decode, reference).
+* `gated_delta_rule_chunked`: a WY/UT-transform form that is parallel inside a
+  chunk and scans only over chunks (training and prefill).
+
+Both run in fp32 and take / return the state, so a prefill chunk can continue
+from a cache. Invalid (padding) tokens get g = 0 and beta = 0, which leaves the
+state exactly unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from bat_jax.model.layers import Linear, logical_param
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DeltaNetState:
+  """Decode state of one DeltaNet layer.
+
+  conv: [B, K-1, C] last K-1 conv inputs (C = 2 * key_dim + value_dim).
+  recurrent: [B, Hv, Dk, Dv] fp32 delta-rule state.
+  """
+
+  conv: jax.Array
+  recurrent: jax.Array
+
+
+def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
+  """x / sqrt(sum(x^2) + eps) over the last axis (FLA / HF convention)."""
+  return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def gated_delta_rule_recurrent(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
+                               beta: jax.Array, state: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Token-by-token gated delta rule.
+
+  Args:
+    q, k: [B, T, H, Dk] fp32 (normalised; q pre-scaled).
+    v: [B, T, H, Dv] fp32.
+    g: [B, T, H] log decay (<= 0). beta: [B, T, H] write strength.
+    state: [B, H, Dk, Dv] initial state.
+  Returns:
+    (out [B, T, H, Dv], final state [B, H, Dk, Dv]).
+  """
+
+  def step(s, inputs):
+    q_t, k_t, v_t, g_t, b_t = inputs  # [B, H, D*], [B, H]
+    s = s * jnp.exp(g_t)[..., None, None]
+    kv_mem = jnp.einsum("bhk,bhkv->bhv", k_t, s)
+    delta = (v_t - kv_mem) * b_t[..., None]
+    s = s + k_t[..., :, None] * delta[..., None, :]
+    return s, jnp.einsum("bhk,bhkv->bhv", q_t, s)
+
+  xs = tuple(jnp.moveaxis(a, 1, 0) for a in (q, k, v, g, beta))
+  state, out = jax.lax.scan(step, state, xs)
+  return jnp.moveaxis(out, 0, 1), state
+
+
+def gated_delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
+                             beta: jax.Array, state: jax.Array, chunk_size: int = 64
+                             ) -> tuple[jax.Array, jax.Array]:
+  """Chunk-parallel gated delta rule (same contract as the recurrent form).
+
+  Inside a chunk of C tokens the sequential writes are condensed with a unit
+  lower-triangular solve (the UT transform); only the chunk-to-chunk state
+  hand-off is a scan, so there is no Python or scan loop over tokens.
+  """
+  b, t, h, dk = k.shape
+  dv = v.shape[-1]
+  c = min(chunk_size, max(t, 1))
+  pad = (-t) % c
+  if pad:  # g = beta = 0 on padding: no decay, no write.
+    q, k, v = (jnp.pad(a, ((0, 0), (0, pad), (0, 0), (0, 0))) for a in (q, k, v))
+    g, beta = (jnp.pad(a, ((0, 0), (0, pad), (0, 0))) for a in (g, beta))
+  n = (t + pad) // c
+
+  def chunks(a):  # [B, T, H, ...] -> [B, H, N, C, ...]
+    a = jnp.moveaxis(a, 2, 1)
+    return a.reshape(a.shape[:2] + (n, c) + a.shape[3:])
+
+  q, k, v, g, beta = (chunks(a) for a in (q, k, v, g, beta))
+  g_cum = jnp.cumsum(g, axis=-1)  # [B, H, N, C] log decay from chunk start
+  incl_lower = jnp.tril(jnp.ones((c, c), dtype=bool))
+  strict_lower = jnp.tril(jnp.ones((c, c), dtype=bool), -1)
+  diff = g_cum[..., :, None] - g_cum[..., None, :]  # [.., i, j] decay from j to i
+  decay = jnp.where(incl_lower, jnp.exp(jnp.where(incl_lower, diff, 0.0)), 0.0)
+
+  k_beta = k * beta[..., None]
+  v_beta = v * beta[..., None]
+  hi = jax.lax.Precision.HIGHEST
+  mm = lambda eq, x, y: jnp.einsum(eq, x, y, precision=hi)
+  # (I + A) with A strictly lower: the UT system of the delta rule in a chunk.
+  a_mat = jnp.where(strict_lower, mm("...ik,...jk->...ij", k_beta, k) * decay, 0.0)
+  system = a_mat + jnp.eye(c, dtype=a_mat.dtype)
+  rhs = jnp.concatenate([v_beta, k_beta * jnp.exp(g_cum)[..., None]], axis=-1)
+  solved = jax.lax.linalg.triangular_solve(system, rhs, left_side=True, lower=True,
+                                           unit_diagonal=True)
+  u, w = solved[..., :dv], solved[..., dv:]  # new values, decayed keys reading the old state
+  intra = mm("...ik,...jk->...ij", q, k) * decay  # causal within the chunk
+  q_decayed = q * jnp.exp(g_cum)[..., None]
+  k_to_end = k * jnp.exp(g_cum[..., -1:] - g_cum)[..., None]
+  chunk_decay = jnp.exp(g_cum[..., -1])  # [B, H, N]
+
+  def step(s, inputs):
+    u_i, w_i, q_i, k_i, intra_i, decay_i = inputs
+    v_new = u_i - mm("bhck,bhkv->bhcv", w_i, s)
+    out = mm("bhck,bhkv->bhcv", q_i, s) + mm("bhcd,bhdv->bhcv", intra_i, v_new)
+    s = s * decay_i[..., None, None] + mm("bhck,bhcv->bhkv", k_i, v_new)
+    return s, out
+
+  xs = tuple(jnp.moveaxis(a, 2, 0) for a in (u, w, q_decayed, k_to_end, intra, chunk_decay))
+  state, out = jax.lax.scan(step, state, xs)  # out: [N, B, H, C, Dv]
+  out = jnp.moveaxis(out, 0, 2).reshape(b, h, n * c, dv)[:, :, :t]
+  return jnp.moveaxis(out, 1, 2), state
+
+
+def causal_conv(x: jax.Array, weight: jax.Array, history: jax.Array) -> jax.Array:
+  """Depthwise causal conv + SiLU.
+
+  Args:
+    x: [B, T, C] new inputs.
+    weight: [C, K] per-channel taps (tap K-1 multiplies the current token).
+    history: [B, K-1, C] the K-1 inputs before x (zeros at sequence start).
+  Returns:
+    [B, T, C].
+  """
+  t, kernel = x.shape[1], weight.shape[1]
+  ext = jnp.concatenate([history.astype(x.dtype), x], axis=1)  # [B, K-1+T, C]
+  w = weight.astype(x.dtype)
+  out = sum(ext[:, j:j + t, :] * w[:, j] for j in range(kernel))
+  return jax.nn.silu(out)
+
+
+def next_conv_history(x: jax.Array, history: jax.Array, num_valid: jax.Array) -> jax.Array:
+  """Last K-1 conv inputs after consuming the first `num_valid` tokens of x.
+
+  Args:
+    x: [B, T, C]; history: [B, K-1, C]; num_valid: [B] valid (prefix) lengths.
+  Returns:
+    [B, K-1, C].
+  """
+  width = history.shape[1]
+  ext = jnp.concatenate([history, x.astype(history.dtype)], axis=1)
+  take = lambda row, start: jax.lax.dynamic_slice_in_dim(row, start, width, axis=0)
+  return jax.vmap(take)(ext, num_valid.astype(jnp.int32))
+
+
+class GatedRMSNorm(nnx.Module):
+  """RMSNorm(x) * w * silu(gate), w initialised to 1 (not zero-centred)."""
+
+  def __init__(self, dim: int, *, eps: float, param_dtype):
+    self.eps = eps
+    self.weight = logical_param(jnp.ones((dim,), param_dtype), ("norm",))
+
+  def __call__(self, x: jax.Array, gate: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    y = self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
+    return (y * jax.nn.silu(gate.astype(jnp.float32))).astype(x.dtype)
+
+
+class GatedDeltaNet(nnx.Module):
+  """Qwen3.5 linear-attention token mixer (HF `Qwen3_5GatedDeltaNet`)."""
+
+  def __init__(self, *, hidden_size: int, num_k_heads: int, num_v_heads: int, head_k_dim: int,
+               head_v_dim: int, conv_kernel: int, eps: float, chunk_size: int, dtype,
+               param_dtype, rngs: nnx.Rngs):
+    self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
+    self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
+    self.key_dim, self.value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
+    self.conv_dim = 2 * self.key_dim + self.value_dim
+    self.conv_kernel = conv_kernel
+    self.chunk_size = chunk_size
+    self.dtype = dtype
+    kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.in_proj_qkv = Linear(hidden_size, self.conv_dim, axes=("embed", "heads"), **kw)
+    self.in_proj_z = Linear(hidden_size, self.value_dim, axes=("embed", "heads"), **kw)
+    self.in_proj_b = Linear(hidden_size, num_v_heads, axes=("embed", "heads"), **kw)
+    self.in_proj_a = Linear(hidden_size, num_v_heads, axes=("embed", "heads"), **kw)
+    conv = jax.random.normal(rngs.params(), (self.conv_dim, conv_kernel)) / conv_kernel ** 0.5
+    self.conv_weight = logical_param(conv.astype(param_dtype), ("heads", None))
+    self.dt_bias = logical_param(jnp.ones((num_v_heads,), param_dtype), ("heads",))
+    a_init = jax.random.uniform(rngs.params(), (num_v_heads,), minval=0.01, maxval=16.0)
+    self.A_log = logical_param(jnp.log(a_init).astype(param_dtype), ("heads",))
+    self.norm = GatedRMSNorm(head_v_dim, eps=eps, param_dtype=param_dtype)
+    self.out_proj = Linear(self.value_dim, hidden_size, axes=("heads", "embed"), **kw)
+
+  def init_state(self, batch_size: int, dtype) -> DeltaNetState:
+    return DeltaNetState(
+        conv=jnp.zeros((batch_size, self.conv_kernel - 1, self.conv_dim), dtype),
+        recurrent=jnp.zeros((batch_size, self.num_v_heads, self.head_k_dim, self.head_v_dim),
+                            jnp.float32))
+
+  def __call__(self, x: jax.Array, *, valid: jax.Array, state: DeltaNetState | None = None
+               ) -> tuple[jax.Array, DeltaNetState | None]:
+    """Mixes tokens of x.
+
+    Args:
+      x: [B, T, D].
+      valid: [B, T] bool; valid tokens must form a prefix of each row (right
+        padding). Invalid tokens leave conv and recurrent state unchanged.
+      state: decode state to continue from, or None (fresh sequence).
+    Returns:
+      ([B, T, D], new state or None when `state` is None).
+    """
+    b, t, _ = x.shape
+    x = x * valid[..., None].astype(x.dtype)
+    qkv_in = self.in_proj_qkv(x)  # [B, T, C]
+    history = (state.conv if state is not None else
+               jnp.zeros((b, self.conv_kernel - 1, self.conv_dim), qkv_in.dtype))
+    qkv = causal_conv(qkv_in, self.conv_weight[...], history)
+    q, k, v = jnp.split(qkv, [self.key_dim, 2 * self.key_dim], axis=-1)
+    q = q.reshape(b, t, self.num_k_heads, self.head_k_dim).astype(jnp.float32)
+    k = k.reshape(b, t, self.num_k_heads, self.head_k_dim).astype(jnp.float32)
+    v = v.reshape(b, t, self.num_v_heads, self.head_v_dim).astype(jnp.float32)
+    # Grouped value heads: key head i serves value heads [i*r, (i+1)*r).
+    rep = self.num_v_heads // self.num_k_heads
+    q, k = jnp.repeat(q, rep, axis=2), jnp.repeat(k, rep, axis=2)
+    q = l2_normalize(q) * self.head_k_dim ** -0.5
+    k = l2_normalize(k)
+
+    valid_f = valid.astype(jnp.float32)[..., None]  # [B, T, 1]
+    beta = jax.nn.sigmoid(self.in_proj_b(x).astype(jnp.float32)) * valid_f
+    a = self.in_proj_a(x).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
+    g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a) * valid_f
+
+    s0 = (state.recurrent if state is not None else
+          jnp.zeros((b, self.num_v_heads, self.head_k_dim, self.head_v_dim), jnp.float32))
+    if state is not None and t == 1:
+      core, s1 = gated_delta_rule_recurrent(q, k, v, g, beta, s0)
+    else:
+      core, s1 = gated_delta_rule_chunked(q, k, v, g, beta, s0, self.chunk_size)
+
+    z = self.in_proj_z(x).reshape(b, t, self.num_v_heads, self.head_v_dim)
+    out = self.norm(core.astype(self.dtype), z).reshape(b, t, self.value_dim)
+    out = self.out_proj(out)
+    new_state = None
+    if state is not None:
+      num_valid = jnp.sum(valid, axis=1)
+      new_state = DeltaNetState(conv=next_conv_history(qkv_in, state.conv, num_valid),
+                                recurrent=s1)
+    return out, new_state

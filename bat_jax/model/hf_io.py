@@ -1,0 +1,259 @@
+"""Hugging Face checkpoint import / export (safetensors + config.json).
+
+Weight names follow transformers exactly:
+* `qwen3`, `qwen3_5_text`: `model.*` + `lm_head.weight` (CausalLM layout).
+* `qwen3_5` (multimodal): `model.language_model.*` + `lm_head.weight`; the
+  vision tower (`model.visual.*`) and MTP head (`mtp.*`) are skipped, logged.
+
+NNX param paths map onto HF names mechanically: `kernel` -> `weight`
+(transposed, torch Linear is [out, in]), `embedding` -> `weight`,
+`conv_weight` [C, K] -> `conv1d.weight` [C, 1, K]. Values are copied without
+any arithmetic, so import -> export -> import is bit-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from bat_jax.model.config import CONFIG_FILE, ModelConfig
+from bat_jax.model.decoder import CausalLM, build_model
+
+log = logging.getLogger(__name__)
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
+                   "chat_template.json", "generation_config.json")
+# Checkpoint parts that are not the language model: skipped with a log line.
+_SKIPPED_PREFIXES = ("model.visual.", "mtp.")
+
+
+# -- name mapping -------------------------------------------------------------
+
+
+def _prefix(cfg: ModelConfig) -> str:
+  return "model.language_model." if cfg.is_multimodal_layout else "model."
+
+
+def _hf_name(cfg: ModelConfig, path: tuple) -> str:
+  """NNX param path -> HF tensor name."""
+  if path == ("lm_head",):
+    return "lm_head.weight"
+  parts = [str(p) for p in path]
+  leaf = parts[-1]
+  if leaf in ("kernel", "embedding"):
+    parts[-1] = "weight"
+  elif leaf == "conv_weight":
+    parts[-1:] = ["conv1d", "weight"]
+  return _prefix(cfg) + ".".join(parts)
+
+
+def _to_hf(leaf: str, value: np.ndarray) -> np.ndarray:
+  if leaf == "kernel":
+    return np.ascontiguousarray(value.T)
+  if leaf == "conv_weight":
+    return value[:, None, :]
+  return value
+
+
+def _from_hf(leaf: str, value: np.ndarray) -> np.ndarray:
+  if leaf == "kernel":
+    return np.ascontiguousarray(value.T)
+  if leaf == "conv_weight":
+    return value[:, 0, :] if value.ndim == 3 else value
+  return value
+
+
+def _param_paths(model: CausalLM) -> dict[tuple, nnx.Variable]:
+  return {tuple(path): var for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def hf_state_dict(model: CausalLM) -> dict[str, np.ndarray]:
+  """All params as host numpy arrays under their HF names (param dtype)."""
+  cfg = model.config
+  out = {}
+  for path, var in _param_paths(model).items():
+    value = var[...]
+    if not value.is_fully_addressable:  # multi-host: gather shards first
+      from jax.experimental import multihost_utils
+      value = multihost_utils.process_allgather(value, tiled=True)
+    out[_hf_name(cfg, path)] = _to_hf(str(path[-1]), np.asarray(jax.device_get(value)))
+  return out
+
+
+# -- reading ------------------------------------------------------------------
+
+
+def _checkpoint_files(path: Path) -> dict[str, Path]:
+  """HF tensor name -> safetensors file holding it."""
+  index = path / INDEX_FILE
+  if index.is_file():
+    try:
+      weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError) as e:
+      raise ValueError(f"{index} is not a valid safetensors index (needs 'weight_map'): {e}") from e
+    files = {name: path / fname for name, fname in weight_map.items()}
+    for f in sorted(set(files.values())):
+      if not f.is_file():
+        raise FileNotFoundError(f"weights file {f} listed in {index} does not exist")
+    return files
+  single = path / SINGLE_FILE
+  if not single.is_file():
+    raise FileNotFoundError(f"no weights in {path}: expected {SINGLE_FILE} or {INDEX_FILE}")
+  with safe_open(single, framework="numpy") as f:
+    return {name: single for name in f.keys()}
+
+
+def _iter_tensors(files: Mapping[str, Path], names: set[str]) -> Iterator[tuple[str, np.ndarray, Path]]:
+  by_file: dict[Path, list[str]] = {}
+  for name in names:
+    by_file.setdefault(files[name], []).append(name)
+  for fpath, fnames in sorted(by_file.items()):
+    with safe_open(fpath, framework="numpy") as f:
+      for name in sorted(fnames):
+        yield name, f.get_tensor(name), fpath
+
+
+def load_pretrained(path: str | Path, *, dtype=None, param_dtype=None) -> CausalLM:
+  """Loads an HF Qwen3 / Qwen3.5 checkpoint directory into a `CausalLM`.
+
+  Args:
+    path: directory with config.json and model.safetensors (or a sharded
+      model.safetensors.index.json).
+    dtype: compute dtype (default fp32). param_dtype: storage dtype (default fp32).
+  Raises:
+    FileNotFoundError naming a missing config / weights file; KeyError naming
+    missing or unexpected weights; ValueError naming a shape mismatch or an
+    unsupported model_type.
+  """
+  path = Path(path)
+  cfg = ModelConfig.from_pretrained_dir(path, dtype=dtype, param_dtype=param_dtype)
+  files = _checkpoint_files(path)
+  abstract = nnx.eval_shape(lambda: build_model(cfg, rngs=nnx.Rngs(0)))
+  graphdef, state = nnx.split(abstract)
+  params = _param_paths(abstract)
+  expected = {_hf_name(cfg, p): p for p in params}
+
+  skipped = sorted(n for n in files if n not in expected and n.startswith(_SKIPPED_PREFIXES))
+  if skipped:
+    parts = sorted({n.split(".")[1] if n.startswith("model.") else n.split(".")[0] for n in skipped})
+    log.info("load_pretrained: skipping %d non-language-model tensors (%s) in %s",
+             len(skipped), ", ".join(parts), path)
+  if cfg.tie_word_embeddings and "lm_head.weight" in files:
+    skipped.append("lm_head.weight")  # tied: the embedding table is the head
+    log.info("load_pretrained: ignoring lm_head.weight (tie_word_embeddings=true)")
+  unexpected = sorted(set(files) - set(expected) - set(skipped))
+  if unexpected:
+    where = sorted({files[n].name for n in unexpected})
+    raise KeyError(f"unexpected weights in {path} ({', '.join(where)}): {unexpected[:10]}"
+                   + (f" and {len(unexpected) - 10} more" if len(unexpected) > 10 else ""))
+  missing = sorted(set(expected) - set(files))
+  if missing:
+    raise KeyError(f"missing weights in {path}: {missing[:10]}"
+                   + (f" and {len(missing) - 10} more" if len(missing) > 10 else ""))
+
+  values = {}
+  for name, tensor, fpath in _iter_tensors(files, set(expected)):
+    p = expected[name]
+    want = params[p]
+    value = _from_hf(str(p[-1]), tensor)
+    if value.shape != want.shape:
+      raise ValueError(f"shape mismatch for weight {name!r} in {fpath.name}: checkpoint has "
+                       f"{tuple(tensor.shape)}, model expects {_to_hf(str(p[-1]), np.empty(want.shape)).shape}")
+    values[p] = jnp.asarray(value, dtype=cfg.param_dtype)
+  flat = nnx.to_flat_state(state)
+  new_flat = [(tuple(p), v.replace(values[tuple(p)]) if tuple(p) in values else v) for p, v in flat]
+  return nnx.merge(graphdef, nnx.from_flat_state(new_flat))
+
+
+# -- writing ------------------------------------------------------------------
+
+
+def _fsync_replace(tmp: Path, dest: Path) -> None:
+  with open(tmp, "rb+") as f:
+    os.fsync(f.fileno())
+  os.replace(tmp, dest)
+
+
+def _atomic_write_text(dest: Path, text: str) -> None:
+  fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+  with os.fdopen(fd, "w") as f:
+    f.write(text)
+  _fsync_replace(Path(tmp), dest)
+
+
+def _atomic_save_tensors(dest: Path, tensors: dict[str, np.ndarray]) -> None:
+  fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+  os.close(fd)
+  save_file(tensors, tmp, metadata={"format": "pt"})  # "pt": transformers requires it
+  _fsync_replace(Path(tmp), dest)
+
+
+def _shard(tensors: dict[str, np.ndarray], max_shard_bytes: int) -> list[dict[str, np.ndarray]]:
+  shards: list[dict[str, np.ndarray]] = [{}]
+  size = 0
+  for name in sorted(tensors):
+    nbytes = tensors[name].nbytes
+    if shards[-1] and size + nbytes > max_shard_bytes:
+      shards.append({})
+      size = 0
+    shards[-1][name] = tensors[name]
+    size += nbytes
+  return shards
+
+
+def save_pretrained(model: CausalLM, path: str | Path, *, tokenizer_dir: str | Path | None = None,
+                    max_shard_bytes: int | None = None) -> Path:
+  """Writes an HF checkpoint: safetensors (sharded + index when larger than
+  `max_shard_bytes`), config.json, and tokenizer files from `tokenizer_dir`.
+
+  Every file is written atomically (tmp + fsync + rename). On multi-host runs
+  all processes must call this (params are gathered) and process 0 writes.
+  """
+  path = Path(path)
+  tensors = hf_state_dict(model)
+  if jax.process_index() != 0:
+    return path
+  path.mkdir(parents=True, exist_ok=True)
+  shards = _shard(tensors, max_shard_bytes) if max_shard_bytes else [tensors]
+  stale = [path / SINGLE_FILE, path / INDEX_FILE, *path.glob("model-*-of-*.safetensors")]
+  for f in stale:
+    f.unlink(missing_ok=True)
+  if len(shards) == 1:
+    _atomic_save_tensors(path / SINGLE_FILE, tensors)
+  else:
+    weight_map = {}
+    for i, shard in enumerate(shards):
+      fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+      _atomic_save_tensors(path / fname, shard)
+      weight_map.update({name: fname for name in shard})
+    index = {"metadata": {"total_size": int(sum(t.nbytes for t in tensors.values()))},
+             "weight_map": dict(sorted(weight_map.items()))}
+    _atomic_write_text(path / INDEX_FILE, json.dumps(index, indent=2) + "\n")
+  _atomic_write_text(path / CONFIG_FILE, json.dumps(model.config.to_hf_dict(), indent=2) + "\n")
+  if tokenizer_dir is not None:
+    tokenizer_dir = Path(tokenizer_dir)
+    if not tokenizer_dir.is_dir():
+      raise FileNotFoundError(f"tokenizer_dir {tokenizer_dir} does not exist")
+    for name in TOKENIZER_FILES:
+      src = tokenizer_dir / name
+      if src.is_file():
+        fd, tmp = tempfile.mkstemp(dir=path, prefix=f".{name}.", suffix=".tmp")
+        os.close(fd)
+        shutil.copyfile(src, tmp)
+        _fsync_replace(Path(tmp), path / name)
+  return path

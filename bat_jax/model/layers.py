@@ -1,0 +1,224 @@
+"""Building blocks shared by the Qwen3 and Qwen3.5 decoders (Flax NNX).
+
+Every parameter carries its logical axis names as NNX metadata
+(`out_sharding`, e.g. `("embed", "mlp")`); the logical -> mesh mapping lives in
+`bat_jax.sharding` rules only. Parameters are stored in `param_dtype` and cast
+to the compute `dtype` at use.
+
+Linear kernels are stored `[in, out]` (the transpose of torch's `[out, in]`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+# Masked attention logits use a large finite value (not -inf) so a row with no
+# visible key (fully padded) yields finite garbage instead of NaN.
+_MASK_VALUE = -1e30
+
+
+def logical_param(value: jax.Array, axes: Sequence[str | None]) -> nnx.Param:
+  """A Param annotated with logical axis names (no eager sharding)."""
+  if len(axes) != value.ndim:
+    raise ValueError(f"logical axes {tuple(axes)} do not match param shape {value.shape}")
+  return nnx.Param(value, sharding_names=tuple(axes), eager_sharding=False)
+
+
+def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype, std: float = 0.02) -> jax.Array:
+  return (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+
+
+class Linear(nnx.Module):
+  """y = x @ kernel (+ bias). kernel: [in, out]."""
+
+  def __init__(self, in_features: int, out_features: int, *, axes: tuple[str | None, str | None],
+               use_bias: bool = False, dtype, param_dtype, rngs: nnx.Rngs):
+    self.dtype = dtype
+    self.kernel = logical_param(_normal(rngs, (in_features, out_features), param_dtype), axes)
+    self.bias = (logical_param(jnp.zeros((out_features,), param_dtype), axes[1:])
+                 if use_bias else None)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    y = jnp.dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+    if self.bias is not None:
+      y = y + self.bias[...].astype(self.dtype)
+    return y
+
+
+class RMSNorm(nnx.Module):
+  """RMSNorm over the last axis, computed in fp32.
+
+  `zero_centered=True` is the Qwen3.5 convention: `x_hat * (1 + w)` with w
+  initialised to 0, product taken in fp32 then cast. Otherwise (Qwen3):
+  `w * x_hat` with w initialised to 1, x_hat cast to the input dtype first.
+  """
+
+  def __init__(self, dim: int, *, eps: float, zero_centered: bool, param_dtype,
+               axis_name: str = "norm"):
+    self.eps = eps
+    self.zero_centered = zero_centered
+    init = jnp.zeros if zero_centered else jnp.ones
+    self.weight = logical_param(init((dim,), param_dtype), (axis_name,))
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    w = self.weight[...]
+    if self.zero_centered:
+      return (normed * (1.0 + w.astype(jnp.float32))).astype(x.dtype)
+    return w.astype(x.dtype) * normed.astype(x.dtype)
+
+
+class Embed(nnx.Module):
+  """Token embedding table [V, D]."""
+
+  def __init__(self, vocab_size: int, dim: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+    self.dtype = dtype
+    self.embedding = logical_param(_normal(rngs, (vocab_size, dim), param_dtype),
+                                   ("vocab", "embed"))
+
+  def __call__(self, ids: jax.Array) -> jax.Array:
+    return jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, dim: int, hidden: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+    kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.gate_proj = Linear(dim, hidden, axes=("embed", "mlp"), **kw)
+    self.up_proj = Linear(dim, hidden, axes=("embed", "mlp"), **kw)
+    self.down_proj = Linear(hidden, dim, axes=("mlp", "embed"), **kw)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+# -- RoPE -----------------------------------------------------------------------
+
+
+def rope_cos_sin(positions: jax.Array, rotary_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+  """cos/sin tables for (possibly partial) rotary embeddings.
+
+  Args:
+    positions: [B, T] int positions.
+    rotary_dim: number of leading head dims that rotate (even).
+    theta: RoPE base.
+  Returns:
+    (cos, sin), each [B, T, rotary_dim] fp32, halves duplicated (HF layout).
+  """
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
+  freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, rotary_dim/2]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """Rotates the first `cos.shape[-1]` dims of x ([B, T, H, Dh]); rest passes."""
+  rot = cos.shape[-1]
+  x_rot, x_pass = x[..., :rot].astype(jnp.float32), x[..., rot:]
+  c, s = cos[:, :, None, :], sin[:, :, None, :]
+  half = rot // 2
+  rotated = jnp.concatenate([-x_rot[..., half:], x_rot[..., :half]], axis=-1)
+  out = (x_rot * c + rotated * s).astype(x.dtype)
+  return jnp.concatenate([out, x_pass], axis=-1)
+
+
+# -- attention ------------------------------------------------------------------
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+  """KV cache of one full-attention layer. key/value: [B, S, K, Dh]."""
+
+  key: jax.Array
+  value: jax.Array
+
+
+def dot_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+  """Grouped-query softmax attention, softmax in fp32.
+
+  Args:
+    q: [B, T, H, Dh] (already scaled).
+    k, v: [B, S, K, Dh] with H % K == 0 (query head h uses kv head h // (H/K)).
+    mask: [B, T, S] bool, True = visible.
+  Returns:
+    [B, T, H, Dh] in q's dtype.
+  """
+  b, t, h, dh = q.shape
+  kv_heads = k.shape[2]
+  qg = q.reshape(b, t, kv_heads, h // kv_heads, dh)
+  logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+  logits = jnp.where(mask[:, None, None], logits, _MASK_VALUE)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  return out.reshape(b, t, h, dh)
+
+
+class Attention(nnx.Module):
+  """GQA self-attention with per-head q/k RMSNorm and (partial) RoPE.
+
+  With `output_gate` (Qwen3.5), q_proj also emits a per-head sigmoid gate laid
+  out `[H, 2 * Dh]` = (query, gate) per head, multiplied into the output.
+  """
+
+  def __init__(self, *, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
+               rotary_dim: int, rope_theta: float, eps: float, zero_centered_norm: bool,
+               output_gate: bool, use_bias: bool, dtype, param_dtype, rngs: nnx.Rngs):
+    self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+    self.rotary_dim, self.rope_theta = rotary_dim, rope_theta
+    self.output_gate = output_gate
+    kw = dict(use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    q_out = num_heads * head_dim * (2 if output_gate else 1)
+    self.q_proj = Linear(hidden_size, q_out, axes=("embed", "heads"), **kw)
+    self.k_proj = Linear(hidden_size, num_kv_heads * head_dim, axes=("embed", "kv_heads"), **kw)
+    self.v_proj = Linear(hidden_size, num_kv_heads * head_dim, axes=("embed", "kv_heads"), **kw)
+    self.o_proj = Linear(num_heads * head_dim, hidden_size, axes=("heads", "embed"), **kw)
+    norm_kw = dict(eps=eps, zero_centered=zero_centered_norm, param_dtype=param_dtype)
+    self.q_norm = RMSNorm(head_dim, **norm_kw)
+    self.k_norm = RMSNorm(head_dim, **norm_kw)
+
+  def __call__(self, x: jax.Array, *, positions: jax.Array, mask: jax.Array,
+               cache: KVCache | None = None, write_slots: jax.Array | None = None
+               ) -> tuple[jax.Array, KVCache | None]:
+    """Self-attention over the chunk (no cache) or over the updated cache.
+
+    Args:
+      x: [B, T, D].
+      positions: [B, T] RoPE positions.
+      mask: [B, T, S] bool visibility; S = T without cache, cache length with.
+      cache: KV cache of this layer, or None.
+      write_slots: [B, T] cache slot per token; out-of-range slots are dropped
+        (used for invalid tokens, which must not touch the cache).
+    Returns:
+      ([B, T, D], updated cache or None).
+    """
+    b, t, _ = x.shape
+    h, kv, dh = self.num_heads, self.num_kv_heads, self.head_dim
+    q = self.q_proj(x)
+    gate = None
+    if self.output_gate:
+      q = q.reshape(b, t, h, 2 * dh)
+      q, gate = q[..., :dh], q[..., dh:].reshape(b, t, h * dh)
+    q = self.q_norm(q.reshape(b, t, h, dh))
+    k = self.k_norm(self.k_proj(x).reshape(b, t, kv, dh))
+    v = self.v_proj(x).reshape(b, t, kv, dh)
+    cos, sin = rope_cos_sin(positions, self.rotary_dim, self.rope_theta)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    new_cache = None
+    if cache is not None:
+      rows = jnp.arange(b)[:, None]
+      new_cache = KVCache(
+          key=cache.key.at[rows, write_slots].set(k.astype(cache.key.dtype), mode="drop"),
+          value=cache.value.at[rows, write_slots].set(v.astype(cache.value.dtype), mode="drop"))
+      k, v = new_cache.key.astype(q.dtype), new_cache.value.astype(q.dtype)
+    out = dot_attention(q * (dh ** -0.5), k, v, mask).reshape(b, t, h * dh)
+    if gate is not None:
+      out = out * jax.nn.sigmoid(gate)
+    return self.o_proj(out), new_cache

@@ -1,0 +1,27 @@
+"""Rollouts: token-in/token-out agent loop, in-process JAX engine, SGLang client and launcher.
+
+The SGLang-protocol HTTP server over the JAX engine is `bat_jax.serve`.
+"""
+
+from bat_jax.rollout.agent_loop import (AgentLoop, AgentTurn, Environment, PolicyAgent,
+                                        RolloutItem, RolloutLimits, Score, TaskEnvironment,
+                                        task_environments)
+from bat_jax.rollout.engine import (FINISH_REASONS, Completion, Engine, GenerateRequest,
+                                    PromptTooLongError, SamplingParams)
+from bat_jax.rollout.jax_engine import JaxEngine, JaxEngineConfig
+from bat_jax.rollout.sglang_client import (ProtocolError, RequestRejectedError, RetryPolicy,
+                                           SGLangClient, SGLangEngine, SGLangError,
+                                           ServerUnavailableError, WeightSyncTimes, sync_weights)
+from bat_jax.rollout.sglang_launcher import (SGLangLaunchConfig, ServerProcess, ServerStartError,
+                                             free_port, sglang_command)
+from bat_jax.rollout.trajectory import Trajectory, collate, group_by_state
+
+__all__ = [
+    "AgentLoop", "AgentTurn", "Completion", "Engine", "Environment", "FINISH_REASONS",
+    "GenerateRequest", "JaxEngine", "JaxEngineConfig", "PolicyAgent", "PromptTooLongError",
+    "ProtocolError", "RequestRejectedError", "RetryPolicy", "RolloutItem", "RolloutLimits",
+    "SGLangClient", "SGLangEngine", "SGLangError", "SGLangLaunchConfig", "SamplingParams",
+    "Score", "ServerProcess", "ServerStartError", "ServerUnavailableError", "TaskEnvironment",
+    "Trajectory", "WeightSyncTimes", "collate", "free_port", "group_by_state", "sglang_command",
+    "sync_weights", "task_environments",
+]

@@ -1,0 +1,423 @@
+"""Multi-turn, token-in / token-out agent loop over sandboxed task workspaces.
+
+For every row (a `RolloutItem`) the loop runs G continuations in parallel, each in its own
+freshly materialised workspace. All live trajectories advance in lockstep: one batched engine
+call per turn, then every requested tool call runs (in a thread pool), then each trajectory
+gets its observation appended as the chat template's token delta. Token-in / token-out:
+
+* generated tokens are kept exactly as the engine returned them (ids and logprobs), loss mask 1;
+* observations are appended as `ChatFormat.encode_observation_delta` tokens, loss mask 0;
+* generated text is decoded only to *parse* the tool call, never re-encoded.
+
+Malformed output (unparseable call, unknown tool, wrong arguments, over-long code, a turn cut
+at the per-turn token limit) becomes an observation saying what was wrong and the trajectory
+goes on. Failures of the infrastructure (sandbox, engine, rubric) end only the trajectory they
+hit (finish reason "error", reward 0); a rollout never crashes the batch.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+
+from bat_jax import workflow
+from bat_jax.rollout.engine import (Completion, Engine, GenerateRequest, PromptTooLongError,
+                                    SamplingParams)
+from bat_jax.rollout.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutLimits:
+  """Per-trajectory limits (BaT reference values by default)."""
+  max_assistant_turns: int = 24
+  max_tool_calls: int = 23
+  max_response_tokens: int = 16_384
+  max_observation_chars: int = workflow.MAX_OBSERVATION_CHARS
+  max_turn_tokens: int = 4_096
+  max_code_chars: int = 32_768
+  max_context_tokens: Optional[int] = None  # None: the engine decides (PromptTooLongError)
+
+  def __post_init__(self):
+    for f in dataclasses.fields(self):
+      v = getattr(self, f.name)
+      if v is not None and v < 1:
+        raise ValueError(f"RolloutLimits.{f.name} = {v} must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutItem:
+  """One row to roll out: a reset point and its reward contract.
+
+  Attributes:
+    state_id: GRPO group key.
+    focus: `E2E` or the stage the row asks for (its rubric is the reward).
+    pool: Stage Bank pool.
+    messages: the model-neutral prompt (system + user).
+    instance: the task instance (`bat_jax.tasks.TaskInstance`) the workspace is built from.
+  """
+  state_id: str
+  focus: str
+  pool: str
+  messages: tuple[Mapping[str, Any], ...]
+  instance: Any
+
+  @classmethod
+  def from_row(cls, row: Mapping[str, Any], instance: Any = None) -> "RolloutItem":
+    """From a Stage Bank RL row; the instance is regenerated from its workspace recipe."""
+    try:
+      extra = row["extra_info"]
+      recipe = extra["workspace_recipe"]
+      if instance is None:
+        from bat_jax.tasks import FAMILIES
+        instance = FAMILIES[recipe["track"]].generate(int(recipe["seed"]), recipe["outcome"])
+      return cls(state_id=str(extra["state_id"]), focus=str(extra["focus_stage"]),
+                 pool=str(extra["source_pool"]), messages=tuple(row["prompt"]),
+                 instance=instance)
+    except KeyError as e:
+      raise ValueError(f"RL row is missing field {e.args[0]!r}") from e
+
+
+@dataclasses.dataclass(frozen=True)
+class Score:
+  """The rubric's verdict on one finished workspace."""
+  reward: float
+  stage_items: Mapping[str, Mapping[str, Optional[bool]]]
+  stage_scores: Mapping[str, Optional[float]]
+  task_score: Optional[float]
+
+
+class Environment(Protocol):
+  """A resettable tool environment: one per trajectory."""
+
+  def execute(self, language: str, code: str) -> str:
+    """Runs a tool call; returns the observation text."""
+    ...
+
+  def score(self) -> Score:
+    ...
+
+
+class TaskEnvironment:
+  """A task workspace at the row's stage boundary, in the bubblewrap sandbox, with its rubric."""
+
+  def __init__(self, item: RolloutItem, root: Path, sandbox_limits: Any = None, *,
+               cache_dir: Optional[Path] = None):
+    from bat_jax.sandbox import SandboxLimits
+    from bat_jax.tasks.episodes import materialize_at
+    self.item = item
+    boundary = workflow.STAGES[0] if item.focus == workflow.E2E else item.focus
+    self.sandbox = materialize_at(item.instance, boundary, Path(root),
+                                  sandbox_limits or SandboxLimits(), cache_dir=cache_dir)
+
+  def execute(self, language: str, code: str) -> str:
+    return self.sandbox.execute(language, code).observation
+
+  def score(self) -> Score:
+    from bat_jax import rubric
+    r = rubric.score(self.item.instance, self.item.focus, self.sandbox.workspace,
+                     self.sandbox.evidence)
+    return Score(reward=float(r.reward), stage_items=r.stage_items,
+                 stage_scores=r.stage_scores, task_score=r.task_score)
+
+
+def task_environments(root: Path, sandbox_limits: Any = None, *,
+                      cache_dir: Optional[Path] = None
+                      ) -> Callable[[RolloutItem, int], Environment]:
+  """An environment factory: workspace `root/<state_id>-<g>-<nonce>` per continuation.
+
+  With `cache_dir`, stage-boundary snapshots are reused, so the G continuations of a row (and
+  later rows of the same task) do not re-run the expert's earlier stages.
+  """
+  def make(item: RolloutItem, g: int) -> Environment:
+    return TaskEnvironment(item, Path(root) / f"{item.state_id[:16]}-{g}-{uuid.uuid4().hex[:8]}",
+                           sandbox_limits, cache_dir=cache_dir)
+  return make
+
+
+@dataclasses.dataclass
+class _Live:
+  """A trajectory in progress."""
+  item: RolloutItem
+  g: int
+  session: str
+  env: Optional[Environment]
+  traj: Trajectory
+  done: bool = False
+  calls: list[Mapping[str, Any]] = dataclasses.field(default_factory=list)  # this turn's
+  notes: list[str] = dataclasses.field(default_factory=list)  # error observations this turn
+
+  def finish(self, reason: str, error: Optional[str] = None) -> None:
+    self.done = True
+    self.traj.finish_reason = reason
+    if error:
+      self.traj.error = error
+
+
+class AgentLoop:
+  """Rolls out G continuations per item with an engine, a chat format and tool environments.
+
+  Args:
+    engine: any `Engine` (JAX in process, or SGLang).
+    chat_format: `bat_jax.model.tokenizer.ChatFormat` of the policy's family.
+    make_env: builds the environment of continuation g of an item (see `task_environments`).
+    sampling: temperature / top-p / top-k; `max_new_tokens` and stop ids are set per turn.
+    limits: per-trajectory limits.
+    tool_workers: threads running tool calls (and environment setup / scoring).
+  """
+
+  def __init__(self, engine: Engine, chat_format: Any, make_env: Callable[[RolloutItem, int],
+               Environment], *, sampling: SamplingParams = SamplingParams(temperature=1.0),
+               limits: RolloutLimits = RolloutLimits(), tool_workers: int = 8):
+    self.engine = engine
+    self.chat = chat_format
+    self.make_env = make_env
+    self.sampling = sampling
+    self.limits = limits
+    self.tool_workers = tool_workers
+    self._stop_ids = tuple(chat_format.stop_token_ids)
+
+  def run(self, items: Sequence[RolloutItem], group_size: int) -> list[Trajectory]:
+    """G = group_size trajectories per item, ordered item-major."""
+    if group_size < 1:
+      raise ValueError(f"group_size = {group_size} must be >= 1")
+    with concurrent.futures.ThreadPoolExecutor(self.tool_workers) as pool:
+      live = list(pool.map(lambda ig: self._start(*ig),
+                           [(item, g) for item in items for g in range(group_size)]))
+      try:
+        while True:
+          active = [s for s in live if not s.done]
+          if not active:
+            break
+          self._turn(active)
+          self._run_tools([s for s in active if not s.done], pool)
+      finally:
+        self.engine.release([s.session for s in live])
+      list(pool.map(self._score, live))
+    return [s.traj for s in live]
+
+  # -- phases ---------------------------------------------------------------------------------
+
+  def _start(self, item: RolloutItem, g: int) -> _Live:
+    prompt = self.chat.encode_prompt(list(item.messages))
+    traj = Trajectory(state_id=item.state_id, stage=item.focus, pool=item.pool,
+                      task_id=str(getattr(item.instance, "task_id", "")), sample_index=g,
+                      token_ids=list(prompt), loss_mask=[0] * len(prompt),
+                      sampler_logprobs=[0.0] * len(prompt), prompt_len=len(prompt))
+    state = _Live(item, g, f"{item.state_id}/{g}/{uuid.uuid4().hex[:8]}", None, traj)
+    try:
+      state.env = self.make_env(item, g)
+    except Exception as e:  # pylint: disable=broad-except
+      log.exception("environment setup failed for %s/%d", item.state_id, g)
+      state.finish("error", f"environment setup failed: {type(e).__name__}: {e}")
+    return state
+
+  def _turn(self, active: list[_Live]) -> None:
+    """One batched engine call for every live trajectory, then parse each turn."""
+    lim = self.limits
+    ready = []
+    for s in active:
+      budget = min(lim.max_turn_tokens, lim.max_response_tokens - s.traj.num_response_tokens)
+      if lim.max_context_tokens is not None:
+        budget = min(budget, lim.max_context_tokens - len(s.traj.token_ids))
+        if budget < 1:
+          s.finish("context_full")
+          continue
+      ready.append((s, GenerateRequest(
+          s.traj.token_ids, dataclasses.replace(self.sampling, max_new_tokens=budget,
+                                                stop_token_ids=self._stop_ids),
+          session_id=s.session)))
+    for s, result in zip([s for s, _ in ready], self._generate([r for _, r in ready])):
+      if isinstance(result, Completion):
+        self._take_turn(s, result)
+      elif isinstance(result, PromptTooLongError):
+        s.finish("context_full")
+      else:
+        s.finish("error", f"engine failed: {type(result).__name__}: {result}")
+
+  def _generate(self, requests: list[GenerateRequest]) -> list[Completion | Exception]:
+    if not requests:
+      return []
+    try:
+      return list(self.engine.generate(requests))
+    except PromptTooLongError as e:  # expected near the context limit: find which ones
+      log.info("a prompt is too long (%s); retrying %d requests one by one", e, len(requests))
+    except Exception:  # pylint: disable=broad-except
+      log.exception("batched generate failed; retrying %d requests one by one", len(requests))
+    out: list[Completion | Exception] = []
+    for r in requests:
+      try:
+        out.append(self.engine.generate([r])[0])
+      except Exception as e:  # pylint: disable=broad-except
+        out.append(e)
+    return out
+
+  def _take_turn(self, s: _Live, c: Completion) -> None:
+    """Appends the generated tokens and decides what the turn asks for."""
+    t, lim = s.traj, self.limits
+    t.token_ids += c.output_ids
+    t.loss_mask += [1] * len(c.output_ids)
+    t.sampler_logprobs += c.logprobs
+    t.num_turns += 1
+    t.num_response_tokens += len(c.output_ids)
+    t.weight_version = c.weight_version
+    s.calls, s.notes = [], []
+    stopped = bool(c.output_ids) and c.output_ids[-1] in self._stop_ids
+    if not stopped:
+      if t.num_response_tokens >= lim.max_response_tokens:
+        s.finish("max_response_tokens")
+        return
+      t.num_malformed += 1
+      s.notes.append(f"error: the turn was cut at {len(c.output_ids)} tokens before it ended; "
+                     f"keep each turn under {lim.max_turn_tokens} tokens")
+      return
+    parsed = self.chat.parse_actions(self.chat.decode(c.output_ids))
+    if parsed.error is not None:
+      t.num_malformed += 1
+      s.notes.append(f"error: malformed tool call: {parsed.error.message}")
+      return
+    if not parsed.actions:
+      s.finish("agent_stop")
+      return
+    room = lim.max_tool_calls - t.num_tool_calls
+    if room <= 0:
+      s.finish("max_tool_calls")
+      return
+    s.calls = list(parsed.actions[:room])
+    if len(parsed.actions) > room:
+      s.notes.append(f"error: tool-call limit ({lim.max_tool_calls}) reached; "
+                     f"{len(parsed.actions) - room} call(s) of this turn were not run")
+
+  def _run_tools(self, states: list[_Live], pool: concurrent.futures.Executor) -> None:
+    """Runs this turn's tool calls, then appends each trajectory's observation delta."""
+    jobs = {(id(s), i): pool.submit(self._call_tool, s, call)
+            for s in states for i, call in enumerate(s.calls)}
+    lim = self.limits
+    for s in states:
+      t = s.traj
+      observations = [jobs[(id(s), i)].result() for i in range(len(s.calls))] + s.notes
+      t.num_tool_calls += len(s.calls)
+      if s.done:  # the sandbox failed during a call
+        continue
+      if t.num_turns >= lim.max_assistant_turns:
+        s.finish("max_turns")
+        continue
+      if t.num_response_tokens >= lim.max_response_tokens:
+        s.finish("max_response_tokens")
+        continue
+      observations = [_clip(o, lim.max_observation_chars) for o in observations]
+      after_stop = bool(t.token_ids) and t.token_ids[-1] == self.chat.im_end_id
+      delta = self.chat.encode_observation_delta(observations, after_stop=after_stop)
+      t.token_ids += delta
+      t.loss_mask += [0] * len(delta)
+      t.sampler_logprobs += [0.0] * len(delta)
+
+  def _call_tool(self, s: _Live, call: Mapping[str, Any]) -> str:
+    args = call.get("arguments", {})
+    name = call.get("name")
+    if name != workflow.TOOL_NAME:
+      return f"error: unknown tool {name!r}; the only tool is {workflow.TOOL_NAME!r}"
+    language, code = args.get("language"), args.get("code")
+    if language not in workflow.TOOL_LANGUAGES:
+      return (f"error: {workflow.TOOL_NAME}.language = {language!r} is not one of "
+              f"{list(workflow.TOOL_LANGUAGES)}")
+    if not isinstance(code, str):
+      return f"error: {workflow.TOOL_NAME}.code must be a string"
+    if len(code) > self.limits.max_code_chars:
+      return (f"error: {workflow.TOOL_NAME}.code is {len(code)} characters, over the "
+              f"{self.limits.max_code_chars}-character limit; nothing was run")
+    try:
+      return s.env.execute(language, code)
+    except ValueError as e:  # a bad argument the sandbox refused
+      return f"error: {e}"
+    except Exception as e:  # pylint: disable=broad-except
+      log.exception("tool call failed in %s", s.session)
+      s.finish("error", f"sandbox failed: {type(e).__name__}: {e}")
+      return f"error: the sandbox failed ({type(e).__name__})"
+
+  def _score(self, s: _Live) -> None:
+    t = s.traj
+    if s.env is None:
+      return
+    try:
+      score = s.env.score()
+    except Exception as e:  # pylint: disable=broad-except
+      log.exception("rubric failed for %s", s.session)
+      t.reward, t.finish_reason = 0.0, "error"
+      t.error = f"rubric failed: {type(e).__name__}: {e}"
+      return
+    t.reward = 0.0 if t.finish_reason == "error" else float(score.reward)
+    t.stage_items = {k: dict(v) for k, v in score.stage_items.items()}
+    t.stage_scores = dict(score.stage_scores)
+    t.task_score = score.task_score
+
+
+def _clip(text: str, max_chars: int) -> str:
+  """Cuts text to max_chars with a visible marker saying how much was removed."""
+  if len(text) <= max_chars:
+    return text
+  marker = "\n...[truncated {} chars]"
+  keep = max(0, max_chars - len(marker.format(len(text))))
+  return text[:keep] + marker.format(len(text) - keep)
+
+
+# -- the evaluator's agent protocol -------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class AgentTurn:
+  """The policy's answer to a conversation.
+
+  Attributes:
+    actions: model-neutral actions `{"name", "arguments", "thought"}`; empty means stop.
+    thought: free text of the turn (reasoning / message).
+    error: set when the turn was malformed (the harness shows it as the observation).
+    finish_reason: the engine's finish reason.
+  """
+  actions: tuple[Mapping[str, Any], ...]
+  thought: str = ""
+  error: Optional[str] = None
+  finish_reason: str = "stop"
+
+  @property
+  def stop(self) -> bool:
+    return not self.actions and self.error is None
+
+
+class PolicyAgent:
+  """Adapter for the held-out evaluator: given messages, returns the next action or a stop.
+
+  Messages are model-neutral (system / user / `{"role": "assistant", "action": a}` / tool);
+  the chat format renders them for the policy's family.
+  """
+
+  def __init__(self, engine: Engine, chat_format: Any, *,
+               sampling: SamplingParams = SamplingParams(temperature=0.0),
+               max_turn_tokens: int = 4096, session_id: Optional[str] = None):
+    self.engine = engine
+    self.chat = chat_format
+    self.sampling = dataclasses.replace(sampling, max_new_tokens=max_turn_tokens,
+                                        stop_token_ids=tuple(chat_format.stop_token_ids))
+    self.session_id = session_id or uuid.uuid4().hex
+
+  def __call__(self, messages: Sequence[Mapping[str, Any]]) -> AgentTurn:
+    ids = self.chat.encode_prompt(list(messages))
+    c = self.engine.generate([GenerateRequest(ids, self.sampling, self.session_id)])[0]
+    if c.finish_reason == "length":
+      return AgentTurn((), error=f"the turn was cut at {len(c.output_ids)} tokens",
+                       finish_reason="length")
+    parsed = self.chat.parse_actions(self.chat.decode(c.output_ids))
+    error = parsed.error.message if parsed.error is not None else None
+    return AgentTurn(tuple(parsed.actions), parsed.thought, error, c.finish_reason)
+
+  def next_action(self, messages: Sequence[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
+    """The first action of the next turn, or None when the policy stops (or is malformed)."""
+    turn = self(messages)
+    return turn.actions[0] if turn.actions else None
+
+  def close(self) -> None:
+    self.engine.release([self.session_id])

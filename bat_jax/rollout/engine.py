@@ -1,0 +1,154 @@
+"""The rollout engine interface shared by the in-process JAX engine and the SGLang client.
+
+An engine maps token ids to token ids (token-in / token-out): it never sees text. Each
+`Completion` carries exactly the sampled ids and, for each, its log-probability under the
+FULL softmax of the policy at temperature 1 -- the quantity the GRPO trainer recomputes as
+`old_logp`. Sampling knobs (temperature, top-k, top-p) change which token is drawn, not the
+reported logprob; see `bat_jax.rollout.jax_engine` for the consequences.
+
+Multi-turn conversations are continued by sending the full token history again with the same
+`session_id`: an engine that caches state (the JAX engine's slots, SGLang's radix cache) only
+computes the new suffix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional, Protocol, Sequence
+
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
+
+
+class PromptTooLongError(ValueError):
+  """The prompt (plus at least one new token) does not fit the engine's context."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """Per-request sampling settings (SGLang's names and conventions).
+
+  Attributes:
+    max_new_tokens: upper bound on generated tokens (the stop token included).
+    temperature: 0 means greedy (argmax).
+    top_p: nucleus mass in (0, 1]; 1 disables it.
+    top_k: keep the k most likely tokens; -1 (or 0) disables it.
+    stop_token_ids: generation ends after emitting any of these (the id is kept in the output).
+  """
+  max_new_tokens: int = 256
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = -1
+  stop_token_ids: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    _check(isinstance(self.max_new_tokens, int) and not isinstance(self.max_new_tokens, bool)
+           and self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens,
+           "an integer >= 1")
+    _check(_is_number(self.temperature) and self.temperature >= 0, "temperature",
+           self.temperature, "a number >= 0")
+    _check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p,
+           "a number in (0, 1]")
+    _check(isinstance(self.top_k, int) and not isinstance(self.top_k, bool)
+           and self.top_k >= -1, "top_k", self.top_k, "an integer >= -1 (-1 disables it)")
+    ids = self.stop_token_ids
+    _check(isinstance(ids, tuple) and all(isinstance(t, int) and t >= 0 for t in ids),
+           "stop_token_ids", ids, "a tuple of non-negative token ids")
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any], *, default_max_new_tokens: int = 256
+                ) -> "SamplingParams":
+    """Parses SGLang `sampling_params`; unknown or ill-typed fields raise, naming the field."""
+    if not isinstance(d, Mapping):
+      raise ValueError(f"sampling_params must be a JSON object, got {type(d).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    # Accepted for protocol compatibility; they only affect text, which we never trim.
+    ignored = {"skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens", "n"}
+    unknown = sorted(set(d) - known - ignored)
+    if unknown:
+      raise ValueError(f"sampling_params has unknown field(s) {unknown}; "
+                       f"supported: {sorted(known)}")
+    kwargs = {k: d[k] for k in known if k in d and d[k] is not None}
+    kwargs.setdefault("max_new_tokens", default_max_new_tokens)
+    if "stop_token_ids" in kwargs:
+      stop = kwargs["stop_token_ids"]
+      _check(isinstance(stop, (list, tuple)), "stop_token_ids", stop, "a list of token ids")
+      kwargs["stop_token_ids"] = tuple(stop)
+    if isinstance(kwargs.get("temperature"), int):
+      kwargs["temperature"] = float(kwargs["temperature"])
+    return cls(**kwargs)
+
+  def to_dict(self) -> dict[str, Any]:
+    """SGLang `sampling_params` JSON (stop token kept in the output, specials kept in text)."""
+    return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
+            "top_p": self.top_p, "top_k": self.top_k,
+            "stop_token_ids": list(self.stop_token_ids),
+            "skip_special_tokens": False, "no_stop_trim": True}
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateRequest:
+  """One generation request.
+
+  Attributes:
+    input_ids: the full token history [T] (prompt and every earlier turn).
+    sampling: sampling settings.
+    session_id: conversation key; an engine may reuse cached state for a known session whose
+      cached tokens are a prefix of `input_ids`.
+  """
+  input_ids: Sequence[int]
+  sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+  session_id: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+  """What an engine generated for one request.
+
+  Attributes:
+    output_ids: sampled token ids [N] (a final stop token included).
+    logprobs: [N] log p(token | prefix) under the full softmax at temperature 1.
+    finish_reason: one of FINISH_REASONS.
+    prompt_tokens: len(input_ids).
+    cached_tokens: prompt tokens whose state was reused rather than recomputed.
+    weight_version: the params version that produced it.
+  """
+  output_ids: tuple[int, ...]
+  logprobs: tuple[float, ...]
+  finish_reason: str
+  prompt_tokens: int
+  cached_tokens: int = 0
+  weight_version: str = ""
+
+  def __post_init__(self):
+    if len(self.output_ids) != len(self.logprobs):
+      raise ValueError(f"Completion: {len(self.output_ids)} output_ids but "
+                       f"{len(self.logprobs)} logprobs")
+    if self.finish_reason not in FINISH_REASONS:
+      raise ValueError(f"Completion: unknown finish_reason {self.finish_reason!r}; "
+                       f"expected one of {FINISH_REASONS}")
+
+
+class Engine(Protocol):
+  """A batched token-in / token-out generator."""
+
+  def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
+    """Generates for every request; result i answers request i."""
+    ...
+
+  def release(self, session_ids: Sequence[str]) -> None:
+    """Forgets cached state of finished sessions (a no-op for stateless engines)."""
+    ...
+
+  @property
+  def weight_version(self) -> str:
+    """The version label of the params currently served."""
+    ...
+
+
+def _is_number(x: Any) -> bool:
+  return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check(ok: bool, field: str, value: Any, expected: str) -> None:
+  if not ok:
+    raise ValueError(f"sampling_params.{field} = {value!r} is invalid: expected {expected}")

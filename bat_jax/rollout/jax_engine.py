@@ -1,0 +1,396 @@
+"""In-process JAX rollout engine: batched chunked prefill + jitted decode over fixed-shape slots.
+
+Design
+------
+The engine owns one model cache of `num_slots` rows x `max_len` tokens (KV for attention
+layers, recurrent + conv state for DeltaNet layers; see `model.init_cache`). A conversation
+lives in a slot; continuing it with the same `session_id` (or, without one, with a prompt that
+extends an anonymous slot's tokens) prefills only the new suffix, so multi-turn rollouts never
+recompute their prefix. Rows that are not part of a call are fed `valid=False`, which by the
+model contract leaves their state untouched, so every compiled function sees the same shapes:
+
+* `prefill`: tokens [S, C] per chunk (right padded, `valid` mask) -> the logits of each row's
+  last valid token; one compilation per chunk size.
+* `decode`: a `lax.while_loop` of up to `decode_block` steps (sample -> logprob -> feed the
+  token) that stops early when every row is done; one compilation.
+* `reset`: zeroes the state of the rows that start a new conversation.
+
+Reported logprobs are log softmax at temperature 1 over the full vocabulary, computed from
+`model.hidden_states` and `model.unembed_kernel()` exactly like the trainer; see
+`bat_jax.rollout.sampling` for what temperature / top-k / top-p change.
+
+Params are swapped in place (`update_params`); cached sessions are dropped because their
+state was computed with the old weights (SGLang flushes its cache for the same reason).
+
+Scaling past one host (jax.distributed)
+---------------------------------------
+Every host runs its own engine on its own rollouts; nothing is collective during rollout.
+With N hosts x 8 GPUs:
+
+* Co-located (trainer and rollouts share each node): `jax.distributed.initialize()` spans all
+  N*8 devices for the sharded GRPO step (mesh data x fsdp x tensor over N*8). For rollout, each
+  host builds its engine on its 8 *local* devices (a (1, 1, 8) or (8, 1, 1) mesh of
+  `jax.local_devices()`), gets `rows / N` prompts (the Stage Bank batch is split by
+  `jax.process_index()`, whole `state_id` groups per host so G continuations stay together),
+  and the params are resharded from the training mesh to the local rollout mesh with
+  `jax.device_put` (an all-gather over the fsdp axis, no disk). Trajectories come back as host-
+  local arrays and are assembled into the global batch with
+  `jax.make_array_from_process_local_data`. With SGLang instead of the JAX engine, each node
+  runs one SGLang server (TP 8, or DP 8 for small models) and the trainer and SGLang split GPU
+  memory: `XLA_PYTHON_CLIENT_MEM_FRACTION` + `mem_fraction_static` < 1, weights synced from
+  local NVMe via `update_weights_from_disk`, and SGLang's memory released during the update.
+* Separate nodes (T trainer hosts, R rollout hosts, T + R = N): the trainer's
+  `jax.distributed` job spans only the T*8 training devices. Each rollout host runs an SGLang
+  server (or `python -m bat_jax.serve`) on its 8 GPUs; the trainer's host 0 exports HF
+  safetensors to shared storage once per step and calls `update_weights_from_disk` on every
+  server (`SGLangEngine.sync_weights`), and the agent loops on the trainer hosts talk to the
+  servers over HTTP (rows split by process index, one server list per host). This decouples
+  rollout memory from training memory at the cost of a disk round trip per weight sync.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bat_jax.rollout.engine import (Completion, GenerateRequest, PromptTooLongError)
+from bat_jax.rollout.sampling import sample_tokens, token_logprobs
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxEngineConfig:
+  """Static sizes of the engine (each one fixes a compiled shape).
+
+  Attributes:
+    num_slots: conversations held at once (cache batch rows).
+    max_len: tokens per slot: prompt + every turn + generated tokens.
+    prefill_chunk: tokens per prefill call.
+    decode_block: decode steps per compiled call before control returns to Python.
+    max_stop_ids: stop token ids per request.
+    cache_dtype: dtype of the KV / recurrent cache.
+    seed: PRNG seed of the sampler.
+  """
+  num_slots: int = 8
+  max_len: int = 2048
+  prefill_chunk: int = 128
+  decode_block: int = 128
+  max_stop_ids: int = 8
+  cache_dtype: Any = jnp.float32
+  seed: int = 0
+
+  def __post_init__(self):
+    for name in ("num_slots", "max_len", "prefill_chunk", "decode_block", "max_stop_ids"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"JaxEngineConfig.{name} = {getattr(self, name)} must be >= 1")
+
+
+@dataclasses.dataclass
+class _Slot:
+  tokens: list[int]               # exactly the tokens whose state is in the cache row
+  session_id: Optional[str] = None
+  last_used: int = 0
+
+
+class JaxEngine:
+  """Token-in / token-out generation with the policy model in this process."""
+
+  def __init__(self, model: nnx.Module, config: JaxEngineConfig = JaxEngineConfig(), *,
+               weight_version: str = "0"):
+    self.config = config
+    self._graphdef, self._params = nnx.split(model)
+    self._weight_version = str(weight_version)
+    self._slots: list[Optional[_Slot]] = [None] * config.num_slots
+    self._clock = itertools.count(1)
+    self._key = jax.random.key(config.seed)
+    self._build_functions()
+    self._cache = self._fresh_cache(self._params)
+    vocab = jax.eval_shape(lambda p: self._model(p).unembed_kernel(), self._params).shape[-1]
+    self.vocab_size = int(vocab)
+    self._lengths = np.zeros(config.num_slots, np.int32)
+    self._last_logits = jnp.zeros((config.num_slots, vocab), jnp.float32)
+
+  # -- compiled pieces -------------------------------------------------------------------------
+
+  def _model(self, params) -> nnx.Module:
+    return nnx.merge(self._graphdef, params)
+
+  def _fresh_cache(self, params):
+    return _init_cache(self._graphdef, self.config, params)
+
+  def _build_functions(self) -> None:
+    # Module-level jits keyed on (graphdef, config): engines of the same model share them.
+    static = (self._graphdef, self.config)
+    self._reset = functools.partial(_reset_rows, *static)
+    self._prefill = functools.partial(_prefill_chunk, *static)
+    self._decode = functools.partial(_decode_block, *static)
+
+  # -- public API ------------------------------------------------------------------------------
+
+  @property
+  def weight_version(self) -> str:
+    return self._weight_version
+
+  @property
+  def params(self):
+    return self._params
+
+  def update_params(self, new: nnx.Module | nnx.State, weight_version: str) -> None:
+    """Swaps params in place (same structure and shapes) and drops every cached session."""
+    state = nnx.split(new)[1] if isinstance(new, nnx.Module) else new
+    old_leaves = jax.tree_util.tree_leaves_with_path(self._params)
+    new_leaves = jax.tree_util.tree_leaves_with_path(state)
+    if len(old_leaves) != len(new_leaves):
+      raise ValueError(f"update_params: new params have {len(new_leaves)} arrays, the engine "
+                       f"serves {len(old_leaves)}")
+    for (path, old), (new_path, leaf) in zip(old_leaves, new_leaves):
+      name = jax.tree_util.keystr(path)
+      if path != new_path or old.shape != leaf.shape:
+        raise ValueError(f"update_params: {jax.tree_util.keystr(new_path)} {leaf.shape} does "
+                         f"not match the served {name} {old.shape}")
+    shardings = jax.tree.map(lambda x: x.sharding, self._params)
+    self._params = jax.tree.map(
+        lambda x, old, s: jax.device_put(x.astype(old.dtype), s), state, self._params,
+        shardings)
+    self._weight_version = str(weight_version)
+    self.flush()
+
+  def flush(self) -> None:
+    """Forgets every cached conversation (the next call prefills from scratch)."""
+    self._slots = [None] * self.config.num_slots
+
+  def release(self, session_ids: Sequence[str]) -> None:
+    drop = set(session_ids)
+    for i, slot in enumerate(self._slots):
+      if slot is not None and slot.session_id in drop:
+        self._slots[i] = None
+
+  def check_prompt(self, input_ids: Sequence[int], field: str = "input_ids") -> None:
+    """Raises PromptTooLongError / ValueError for a prompt this engine cannot serve."""
+    if len(input_ids) == 0:
+      raise ValueError(f"{field} is empty")
+    if len(input_ids) >= self.config.max_len:
+      raise PromptTooLongError(
+          f"{field} has {len(input_ids)} tokens; this engine holds at most "
+          f"{self.config.max_len} per sequence (prompt + generation), so the prompt must be "
+          f"<= {self.config.max_len - 1}")
+    bad = [t for t in input_ids if not 0 <= int(t) < self.vocab_size]
+    if bad:
+      raise ValueError(f"{field} holds token id(s) {bad[:5]} outside [0, {self.vocab_size})")
+
+  def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
+    for i, req in enumerate(requests):
+      self.check_prompt(req.input_ids, f"requests[{i}].input_ids")
+      if len(req.sampling.stop_token_ids) > self.config.max_stop_ids:
+        raise ValueError(f"requests[{i}].sampling.stop_token_ids has "
+                         f"{len(req.sampling.stop_token_ids)} ids; max_stop_ids is "
+                         f"{self.config.max_stop_ids}")
+    results: list[Optional[Completion]] = [None] * len(requests)
+    order = list(range(len(requests)))
+    for start in range(0, len(order), self.config.num_slots):
+      wave = order[start:start + self.config.num_slots]
+      for i, completion in zip(wave, self._generate_wave([requests[i] for i in wave])):
+        results[i] = completion
+    return results
+
+  # -- one wave: at most num_slots requests -----------------------------------------------------
+
+  def _assign_slots(self, wave: Sequence[GenerateRequest]) -> list[tuple[int, int]]:
+    """Picks a slot per request; returns (slot, cached_prefix_len) pairs."""
+    taken: set[int] = set()
+    plan: list[Optional[tuple[int, int]]] = [None] * len(wave)
+    for i, req in enumerate(wave):  # first, reuse: the same session or an anonymous prefix
+      best = None
+      for s, slot in enumerate(self._slots):
+        if slot is None or s in taken or slot.session_id != req.session_id:
+          continue
+        n = len(slot.tokens)
+        if n <= len(req.input_ids) and list(req.input_ids[:n]) == slot.tokens:
+          if best is None or n > best[1]:
+            best = (s, n)
+      if best is not None:
+        plan[i] = best
+        taken.add(best[0])
+    for i, req in enumerate(wave):  # then, fresh slots: empty first, else least recently used
+      if plan[i] is not None:
+        continue
+      free = [s for s in range(self.config.num_slots) if s not in taken]
+      s = min(free, key=lambda s: -1 if self._slots[s] is None else self._slots[s].last_used)
+      plan[i] = (s, 0)
+      taken.add(s)
+    return plan  # type: ignore[return-value]
+
+  def _generate_wave(self, wave: Sequence[GenerateRequest]) -> list[Completion]:
+    cfg = self.config
+    plan = self._assign_slots(wave)
+    rows = np.zeros(cfg.num_slots, bool)
+    reset_rows = np.zeros(cfg.num_slots, bool)
+    deltas: dict[int, list[int]] = {}
+    for (s, cached), req in zip(plan, wave):
+      rows[s] = True
+      if cached == 0:
+        reset_rows[s] = True
+        self._lengths[s] = 0
+      deltas[s] = [int(t) for t in req.input_ids[cached:]]
+    if reset_rows.any():
+      self._cache = self._reset(self._params, self._cache, jnp.asarray(reset_rows))
+    self._prefill_deltas(deltas)
+
+    temperature = np.ones(cfg.num_slots, np.float32)
+    top_p = np.ones(cfg.num_slots, np.float32)
+    top_k = np.full(cfg.num_slots, -1, np.int32)
+    stop_ids = np.full((cfg.num_slots, cfg.max_stop_ids), -1, np.int32)
+    budget = np.zeros(cfg.num_slots, np.int32)
+    for (s, _), req in zip(plan, wave):
+      sp = req.sampling
+      temperature[s], top_p[s], top_k[s] = sp.temperature, sp.top_p, sp.top_k
+      stop_ids[s, :len(sp.stop_token_ids)] = sp.stop_token_ids
+      budget[s] = min(sp.max_new_tokens, cfg.max_len - int(self._lengths[s]))
+    outputs = self._decode_all(rows, budget, temperature, top_p, top_k, stop_ids)
+
+    completions = []
+    for (s, cached), req in zip(plan, wave):
+      toks, logps = outputs[s]
+      stop = set(req.sampling.stop_token_ids)
+      reason = "stop" if toks and toks[-1] in stop else "length"
+      slot_tokens = [int(t) for t in req.input_ids] + toks
+      self._slots[s] = _Slot(slot_tokens, req.session_id, next(self._clock))
+      completions.append(Completion(
+          output_ids=tuple(toks), logprobs=tuple(logps), finish_reason=reason,
+          prompt_tokens=len(req.input_ids), cached_tokens=cached,
+          weight_version=self._weight_version))
+    return completions
+
+  def _prefill_deltas(self, deltas: dict[int, list[int]]) -> None:
+    """Feeds each slot's new tokens in [S, C] chunks; rows without tokens are invalid."""
+    cfg = self.config
+    chunk = cfg.prefill_chunk
+    longest = max((len(d) for d in deltas.values()), default=0)
+    for start in range(0, longest, chunk):
+      tokens = np.zeros((cfg.num_slots, chunk), np.int32)
+      valid = np.zeros((cfg.num_slots, chunk), bool)
+      last_idx = np.full(cfg.num_slots, -1, np.int32)
+      for s, delta in deltas.items():
+        piece = delta[start:start + chunk]
+        tokens[s, :len(piece)] = piece
+        valid[s, :len(piece)] = True
+        if piece and start + len(piece) == len(delta):
+          last_idx[s] = len(piece) - 1
+      positions = self._lengths[:, None] + np.arange(chunk, dtype=np.int32)[None, :]
+      self._cache, self._last_logits = self._prefill(
+          self._params, self._cache, self._last_logits, jnp.asarray(tokens),
+          jnp.asarray(valid), jnp.asarray(positions), jnp.asarray(last_idx))
+      self._lengths += valid.sum(axis=1).astype(np.int32)
+
+  def _decode_all(self, rows, budget, temperature, top_p, top_k, stop_ids
+                  ) -> dict[int, tuple[list[int], list[float]]]:
+    """Decodes blocks until every row stopped or ran out of budget."""
+    active = rows & (budget > 0)
+    outputs = {int(s): ([], []) for s in np.flatnonzero(rows)}
+    args = [jnp.asarray(a) for a in (temperature, top_p, top_k, stop_ids)]
+    lengths, active_d, budget_d = (jnp.asarray(self._lengths), jnp.asarray(active),
+                                   jnp.asarray(budget))
+    while bool(np.any(active)):
+      (self._cache, self._last_logits, lengths, active_d, budget_d, tok, logp, n_out,
+       self._key) = self._decode(self._params, self._cache, self._last_logits, lengths,
+                                 active_d, budget_d, *args, self._key)
+      tok, logp, n_out, active = jax.device_get((tok, logp, n_out, active_d))
+      for s, (toks, logps) in outputs.items():
+        toks.extend(int(t) for t in tok[s, :n_out[s]])
+        logps.extend(float(x) for x in logp[s, :n_out[s]])
+    self._lengths = np.asarray(jax.device_get(lengths), np.int32).copy()
+    return outputs
+
+
+# -- compiled functions (static: the model's graphdef and the engine config) ----------------------
+
+def _logits(model, hidden: Array) -> Array:
+  """[S, D] hidden -> [S, V] float32 logits, exactly as the trainer computes them."""
+  return jnp.einsum("sd,dv->sv", hidden, model.unembed_kernel(),
+                    preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _init_cache(graphdef, cfg: JaxEngineConfig, params):
+  model = nnx.merge(graphdef, params)
+  return model.init_cache(cfg.num_slots, cfg.max_len, cfg.cache_dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
+def _reset_rows(graphdef, cfg: JaxEngineConfig, params, cache, rows: Array):
+  """Zeroes the cache rows where rows [S] is True (a new conversation starts there)."""
+  fresh = nnx.merge(graphdef, params).init_cache(cfg.num_slots, cfg.max_len, cfg.cache_dtype)
+
+  def pick(old, new):
+    if old.ndim == 0 or old.shape[0] != cfg.num_slots:
+      raise ValueError(f"cache leaf of shape {old.shape} has no leading slot axis of size "
+                       f"{cfg.num_slots}; JaxEngine needs batch-major caches")
+    return jnp.where(rows.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
+  return jax.tree.map(pick, cache, fresh)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3, 4))
+def _prefill_chunk(graphdef, cfg: JaxEngineConfig, params, cache, last_logits, tokens, valid,
+                   positions, last_idx):
+  """Feeds one chunk. tokens/valid/positions [S, C]; last_idx [S] (-1: no last token here).
+
+  Returns the new cache and last_logits [S, V], replaced for rows whose last token was fed.
+  """
+  del cfg
+  model = nnx.merge(graphdef, params)
+  hidden, cache = model.hidden_states(tokens, positions=positions, cache=cache, valid=valid)
+  h_last = jnp.take_along_axis(hidden, jnp.maximum(last_idx, 0)[:, None, None], axis=1)
+  return cache, jnp.where((last_idx >= 0)[:, None], _logits(model, h_last[:, 0]), last_logits)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3, 4))
+def _decode_block(graphdef, cfg: JaxEngineConfig, params, cache, last_logits, lengths, active,
+                  budget, temperature, top_p, top_k, stop_ids, key):
+  """Up to cfg.decode_block steps of sample -> logprob -> feed, stopping when no row is active.
+
+  Per row [S]: lengths (tokens in the cache), active, budget (tokens it may still emit),
+  temperature / top_p / top_k; stop_ids [S, K] (-1 padded). Returns the new cache, logits,
+  lengths, active, budget, the emitted tokens and logprobs [S, decode_block], how many each
+  row emitted [S], and the advanced key.
+  """
+  n_slots, steps = cfg.num_slots, cfg.decode_block
+
+  def cond(c):
+    return (c["step"] < steps) & jnp.any(c["active"])
+
+  def body(c):
+    model = nnx.merge(graphdef, params)
+    key, sub = jax.random.split(c["key"])
+    emit = c["active"]
+    tok = sample_tokens(c["logits"], sub, temperature=temperature, top_p=top_p, top_k=top_k)
+    logp = token_logprobs(c["logits"], tok)
+    # Feed every emitted token (the stop token too) so the cache holds the whole history.
+    hidden, cache = model.hidden_states(tok[:, None], positions=c["lengths"][:, None],
+                                        cache=c["cache"], valid=emit[:, None])
+    logits = jnp.where(emit[:, None], _logits(model, hidden[:, 0]), c["logits"])
+    budget = c["budget"] - emit
+    stopped = jnp.any(tok[:, None] == stop_ids, axis=-1)
+    column = (0, c["step"])
+    return dict(
+        step=c["step"] + 1, key=key, cache=cache, logits=logits, lengths=c["lengths"] + emit,
+        budget=budget, active=emit & ~stopped & (budget > 0),
+        tok=jax.lax.dynamic_update_slice(c["tok"], jnp.where(emit, tok, 0)[:, None], column),
+        logp=jax.lax.dynamic_update_slice(c["logp"], jnp.where(emit, logp, 0.0)[:, None],
+                                          column),
+        n_out=c["n_out"] + emit)
+
+  init = dict(step=jnp.int32(0), key=key, cache=cache, logits=last_logits, lengths=lengths,
+              budget=budget, active=active, tok=jnp.zeros((n_slots, steps), jnp.int32),
+              logp=jnp.zeros((n_slots, steps), jnp.float32),
+              n_out=jnp.zeros((n_slots,), jnp.int32))
+  c = jax.lax.while_loop(cond, body, init)
+  return (c["cache"], c["logits"], c["lengths"], c["active"], c["budget"], c["tok"], c["logp"],
+          c["n_out"], c["key"])

@@ -1,0 +1,505 @@
+"""`execute_code` for real: each call runs in a fresh bubblewrap sandbox.
+
+Isolation per call: new pid / net / ipc / uts (/ cgroup) namespaces, a tmpfs root holding only
+read-only /usr and /etc, private /proc, /dev, /tmp and /dev/shm (size-capped tmpfs), and the
+task workspace bound read-write at /workspace (the cwd). The environment is cleared.
+
+Limits. RLIMIT_AS (memory per process), RLIMIT_CPU, RLIMIT_FSIZE and RLIMIT_NPROC are set by
+`prlimit` inside the sandbox just before the interpreter starts; the harness also polls the
+private memory of the call's whole process tree, so N processes cannot hold N x memory_mb.
+RLIMIT_NPROC never binds host uid 0 (the kernel exempts the root user, also through a user
+namespace that maps to it), so when the harness runs as root the code runs as a random
+unprivileged host uid (`setpriv`, all capabilities dropped), and the workspace is chowned to it.
+Run as a normal user, bwrap makes an unprivileged user namespace instead, and the limits bind
+that user. Wall time, output size and the tree's memory are enforced from the host: at any of
+them the sandbox's PID 1 is SIGKILLed, which kills
+every process of its pid namespace, background ones included. A normal exit of the main
+process ends PID 1 too, so nothing the code started outlives the call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import select
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+from bat_jax import workflow
+from bat_jax.sandbox import evidence as evidence_lib
+from bat_jax.sandbox import seccomp
+from bat_jax.sandbox import workspace as workspace_lib
+
+INSTALL_HINT = ("install bubblewrap and util-linux (Debian/Ubuntu: `apt-get install bubblewrap "
+                "util-linux`) and make sure user namespaces are enabled "
+                "(sysctl user.max_user_namespaces > 0)")
+SANDBOX_WORKSPACE = "/workspace"
+SYSTEM_PYTHON = "/usr/bin/python3"
+# argv strings cannot exceed MAX_ARG_STRLEN (32 pages) on Linux; stay below it.
+MAX_CODE_BYTES = 120_000
+_INTERPRETERS = {"python": (SYSTEM_PYTHON, "-c"), "bash": ("/bin/bash", "-c")}
+_SIGXCPU_EXIT = 128 + signal.SIGXCPU
+# RLIMIT_CPU's hard limit (a second after the soft one) is the one in-sandbox SIGKILL we set.
+_SIGKILL_EXIT = 128 + signal.SIGKILL
+_SIGXFSZ_EXIT = 128 + signal.SIGXFSZ
+# Messages the interpreters print when RLIMIT_AS / RLIMIT_NPROC make a call fail.
+_MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
+_PROCS_SIGNS = ("fork: retry", "fork: Resource temporarily unavailable", "can't start new thread")
+# Also EAGAIN from non-blocking I/O, so it only counts when the call failed.
+_PROCS_FAILED_SIGNS = ("BlockingIOError: [Errno 11]",)
+# Random host uids for sandboxed code, far from system and login uids.
+_HOST_UID_MIN, _HOST_UID_SPAN = 3_000_000, 1_000_000
+# RLIMIT_AS caps each process; the whole call's private memory is polled this often.
+_MEMORY_POLL_S = 0.1
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+class SandboxUnavailableError(RuntimeError):
+  """bubblewrap (or a helper it needs) is missing or cannot create a sandbox here."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxLimits:
+  """Per-call limits. memory_mb caps each process's address space and the private memory of
+  the call's whole process tree; max_procs counts the whole call; max_workspace_mb caps each
+  file written and, checked after the call, the workspace total (also each scratch tmpfs)."""
+  wall_s: float = 30.0
+  cpu_s: int = 20
+  memory_mb: int = 1024
+  max_procs: int = 64
+  max_output_bytes: int = 1 << 20
+  max_workspace_mb: int = 256
+
+  def __post_init__(self):
+    for f in dataclasses.fields(self):
+      v = getattr(self, f.name)
+      if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+        raise ValueError(f"SandboxLimits.{f.name} must be a positive number, got {v!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecResult:
+  """The outcome of one call. `observation` is what the agent sees."""
+  exit_code: int
+  stdout: str
+  stderr: str
+  duration_s: float
+  timed_out: bool
+  limit_hit: Optional[str]
+  observation: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Completed:
+  returncode: int
+  stdout: bytes
+  stderr: bytes
+  timed_out: bool
+  output_exceeded: bool
+  memory_exceeded: bool = False
+
+
+@functools.lru_cache(maxsize=None)
+def _tools(as_root: bool) -> dict[str, str]:
+  """Absolute paths of the host binaries the sandbox needs; SandboxUnavailableError if missing."""
+  needed = ["bwrap", "prlimit"] + (["setpriv"] if as_root else [])
+  found = {name: shutil.which(name) for name in needed}
+  missing = [name for name, path in found.items() if path is None]
+  if missing:
+    raise SandboxUnavailableError(f"sandbox helper(s) {missing} not found on PATH; {INSTALL_HINT}")
+  # Inside the sandbox only /usr is visible, so the helpers must live there too.
+  inside = {f"{name}_in": f"/usr/bin/{name}" for name in ("prlimit", "setpriv")}
+  for path in [SYSTEM_PYTHON, "/bin/bash"] + [inside[f"{n}_in"] for n in needed if n != "bwrap"]:
+    if not os.path.exists(path):
+      raise SandboxUnavailableError(f"{path} (needed inside the sandbox) is missing; "
+                                    "install Debian's python3, bash and util-linux packages")
+  return {**found, **inside}
+
+
+def _system_mounts() -> list[str]:
+  """Read-only /usr and /etc; /bin, /lib, ... as the host has them (merged-/usr links or dirs)."""
+  args = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+  for name in ("bin", "sbin", "lib", "lib32", "lib64"):
+    host = f"/{name}"
+    if os.path.islink(host):
+      args += ["--symlink", os.readlink(host), host]
+    elif os.path.isdir(host):
+      args += ["--ro-bind", host, host]
+  return args
+
+
+@dataclasses.dataclass
+class _CallFds:
+  """The fds one bwrap call inherits; -1 once closed. `run_bwrap` closes what it consumes."""
+  workspace: int   # O_PATH fd of the workspace, bound at /workspace
+  info_r: int      # bwrap writes {"child-pid": ...} to info_w; the harness reads info_r
+  info_w: int
+  seccomp: int     # read end of a pipe holding the BPF program
+
+  def close(self, *names: str) -> None:
+    for name in names:
+      fd = getattr(self, name)
+      if fd >= 0:
+        setattr(self, name, -1)
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _call_fds(workspace: Path) -> Iterator[_CallFds]:
+  """Opens the fds of one call and closes whichever are still open at exit."""
+  fds = _CallFds(-1, -1, -1, -1)
+  try:
+    fds.workspace = os.open(workspace, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    fds.info_r, fds.info_w = os.pipe()
+    fds.seccomp, seccomp_w = os.pipe()
+    try:  # a few hundred bytes: fits the pipe buffer, so this never blocks
+      os.write(seccomp_w, seccomp.no_userns_filter())
+    finally:
+      os.close(seccomp_w)
+    yield fds
+  finally:
+    fds.close("workspace", "info_r", "info_w", "seccomp")
+
+
+def bwrap_argv(*, workspace_fd: int, info_fd: int, seccomp_fd: int, limits: SandboxLimits,
+               host_uid: Optional[int], command: list[str]) -> list[str]:
+  """The full bwrap command line for one call (pure; exposed for inspection and tests).
+
+  Args:
+    workspace_fd: an open O_PATH fd of the workspace folder, bound at /workspace.
+    info_fd: where bwrap writes {"child-pid": host pid of the sandbox's PID 1}.
+    seccomp_fd: fd to read the seccomp BPF program from (`seccomp.no_userns_filter`).
+    limits: the per-call limits.
+    host_uid: run the code as this unprivileged host uid (harness is root), or None to use an
+      unprivileged user namespace (harness is a normal user).
+    command: interpreter argv, e.g. ["/usr/bin/python3", "-c", code].
+  """
+  tools = _tools(host_uid is not None)
+  scratch = str(limits.max_workspace_mb << 20)
+  argv = [tools["bwrap"], "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+          "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+  if host_uid is None:
+    argv += ["--unshare-user", "--disable-userns"]
+  else:  # privileged bwrap; only setpriv's uid switch needs capabilities, dropped right after
+    argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+             "--cap-add", "CAP_SETPCAP"]  # SETPCAP: setpriv empties the bounding set
+  argv += _system_mounts()
+  # /tmp and /dev/shm are sticky world-writable like a real system's, but size-capped tmpfs.
+  argv += ["--dev", "/dev", "--perms", "1777", "--size", scratch, "--tmpfs", "/dev/shm",
+           "--proc", "/proc", "--perms", "1777", "--size", scratch, "--tmpfs", "/tmp",
+           "--bind-fd", str(workspace_fd), SANDBOX_WORKSPACE, "--chdir", SANDBOX_WORKSPACE,
+           # `python` is the system python3 (stdlib only), whatever the image calls it.
+           "--perms", "0755", "--dir", "/sandbox", "--perms", "0755", "--dir", "/sandbox/bin",
+           "--symlink", SYSTEM_PYTHON, "/sandbox/bin/python",
+           "--symlink", SYSTEM_PYTHON, "/sandbox/bin/python3",
+           "--clearenv", "--setenv", "PATH", "/sandbox/bin:/usr/local/bin:/usr/bin:/bin",
+           "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
+           "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "PYTHONUNBUFFERED", "1",
+           "--info-fd", str(info_fd), "--seccomp", str(seccomp_fd), "--"]
+  # The CPU hard limit (SIGKILL) trails the soft one (SIGXCPU) so the usual exit is SIGXCPU.
+  argv += [tools["prlimit_in"], f"--as={limits.memory_mb << 20}",
+           f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}", f"--nproc={limits.max_procs}",
+           f"--fsize={limits.max_workspace_mb << 20}", "--core=0", "--"]
+  if host_uid is not None:
+    argv += [tools["setpriv_in"], f"--reuid={host_uid}", f"--regid={host_uid}",
+             "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+  return argv + command
+
+
+def _read_pid1(info: bytes) -> Optional[int]:
+  try:
+    pid = json.loads(info.decode())["child-pid"]
+  except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+    return None
+  return pid if isinstance(pid, int) and pid > 1 else None
+
+
+def _tree_private_bytes(root_pid: int) -> int:
+  """Private resident bytes (RSS minus file-backed/shared pages) of root_pid and descendants.
+
+  Orphans inside the sandbox are re-parented to its PID 1, so the tree under PID 1 is every
+  process of the call. Copy-on-write pages shared after fork() count once per process.
+  """
+  children: dict[int, list[int]] = {}
+  for name in os.listdir("/proc"):
+    if not name.isdigit():
+      continue
+    try:
+      with open(f"/proc/{name}/stat", "rb") as f:
+        stat = f.read()
+    except OSError:
+      continue  # exited meanwhile
+    ppid = int(stat[stat.rindex(b")") + 2:].split()[1])  # comm may hold spaces and parens
+    children.setdefault(ppid, []).append(int(name))
+  total, stack = 0, [root_pid]
+  while stack:
+    pid = stack.pop()
+    stack.extend(children.get(pid, ()))
+    try:
+      with open(f"/proc/{pid}/statm") as f:
+        resident, shared = f.read().split()[1:3]
+    except (OSError, ValueError):
+      continue
+    total += (int(resident) - int(shared)) * _PAGE_BYTES
+  return total
+
+
+def _kill_sandbox(proc: subprocess.Popen, pid1_fd: Optional[int]) -> None:
+  """SIGKILLs the sandbox's PID 1 (the kernel then kills its whole pid namespace) and bwrap."""
+  if pid1_fd is not None:
+    try:
+      signal.pidfd_send_signal(pid1_fd, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+  try:
+    os.killpg(proc.pid, signal.SIGKILL)  # bwrap leads its own session (start_new_session)
+  except ProcessLookupError:
+    pass
+
+
+def run_bwrap(argv: list[str], fds: _CallFds, *, wall_s: float, max_output_bytes: int,
+              max_memory_bytes: int) -> _Completed:
+  """Runs argv, capturing at most max_output_bytes of stdout+stderr.
+
+  Kills the sandbox at wall_s, at the output cap, or when its processes together hold more
+  than max_memory_bytes of private memory (polled every _MEMORY_POLL_S). Returns only after
+  the sandbox's PID 1, hence every process of the call, has exited.
+  """
+  deadline = time.monotonic() + wall_s
+  try:
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            pass_fds=(fds.workspace, fds.info_w, fds.seccomp),
+                            start_new_session=True, env={"PATH": "/usr/bin:/bin"})
+  finally:
+    fds.close("info_w", "seccomp")  # bwrap has its copies; info_r sees EOF when it is done
+  bufs = {"stdout": bytearray(), "stderr": bytearray()}
+  info, pid1, pid1_fd = bytearray(), None, None
+  total, timed_out, exceeded, memory_exceeded = 0, False, False, False
+  next_memory_check = time.monotonic() + _MEMORY_POLL_S
+  sel = selectors.DefaultSelector()
+  sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
+  sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
+  sel.register(fds.info_r, selectors.EVENT_READ, "info")
+  try:
+    while sel.get_map() and not (timed_out or exceeded or memory_exceeded):
+      now = time.monotonic()
+      if now >= deadline:
+        timed_out = True
+        break
+      if pid1_fd is not None and now >= next_memory_check:
+        memory_exceeded = _tree_private_bytes(pid1) > max_memory_bytes
+        next_memory_check = now + _MEMORY_POLL_S
+      wake = deadline if pid1_fd is None else min(deadline, next_memory_check)
+      for key, _ in sel.select(timeout=max(wake - now, 0.0)):
+        chunk = os.read(key.fd, 1 << 16)
+        if not chunk:
+          sel.unregister(key.fileobj)
+        elif key.data == "info":
+          info += chunk
+          pid1 = _read_pid1(bytes(info)) if pid1_fd is None else pid1
+          if pid1 is not None and pid1_fd is None:  # bwrap has not reaped it: pid is still its
+            pid1_fd = os.pidfd_open(pid1)
+        else:
+          room = max_output_bytes - total
+          bufs[key.data] += chunk[:max(room, 0)]
+          total += len(chunk)
+          exceeded = total > max_output_bytes
+    if timed_out or exceeded or memory_exceeded:
+      _kill_sandbox(proc, pid1_fd)
+      returncode = proc.wait()
+    else:
+      try:
+        returncode = proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+      except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_sandbox(proc, pid1_fd)
+        returncode = proc.wait()
+    if pid1_fd is not None:  # bwrap reaps PID 1 before it exits; this just makes it certain
+      waiter = select.poll()
+      waiter.register(pid1_fd, select.POLLIN)
+      waiter.poll(5000)
+  finally:
+    sel.close()
+    proc.stdout.close()
+    proc.stderr.close()
+    fds.close("info_r")
+    if pid1_fd is not None:
+      os.close(pid1_fd)
+  if returncode < 0:  # bwrap itself killed by a signal: shell convention
+    returncode = 128 - returncode
+  return _Completed(returncode, bytes(bufs["stdout"]), bytes(bufs["stderr"]), timed_out,
+                    exceeded, memory_exceeded)
+
+
+def _limit_hit(done: _Completed, stderr: str) -> Optional[str]:
+  """Which limit stopped the call. Memory/procs are read from the interpreters' own errors."""
+  if done.timed_out:
+    return "wall"
+  if done.output_exceeded:
+    return "output"
+  if done.memory_exceeded:
+    return "memory"
+  if done.returncode in (_SIGXCPU_EXIT, _SIGKILL_EXIT):
+    return "cpu"
+  if done.returncode == _SIGXFSZ_EXIT or "File size limit exceeded" in stderr:
+    return "workspace"
+  if done.returncode != 0 and any(s in stderr for s in _MEMORY_SIGNS):
+    return "memory"
+  if any(s in stderr for s in _PROCS_SIGNS) or (
+      done.returncode != 0 and any(s in stderr for s in _PROCS_FAILED_SIGNS)):
+    return "procs"
+  return None
+
+
+def _limit_note(limit: str, limits: SandboxLimits) -> str:
+  what = {
+      "wall": f"wall-time limit of {limits.wall_s:g} s hit: the whole process tree was killed",
+      "output": f"output limit of {limits.max_output_bytes} bytes hit: the whole process tree "
+                "was killed and the output is cut",
+      "cpu": f"CPU-time limit of {limits.cpu_s} s hit: the process was killed",
+      "memory": f"memory limit of {limits.memory_mb} MB hit: an allocation was refused or "
+                "the whole process tree was killed",
+      "procs": f"process limit of {limits.max_procs} processes hit: a fork failed",
+      "workspace": f"workspace size limit of {limits.max_workspace_mb} MB hit",
+      "code_size": f"code is longer than {MAX_CODE_BYTES} bytes or holds a NUL byte: not run",
+  }[limit]
+  return f"[sandbox] {what}"
+
+
+def _observation(exit_code: int, stdout: str, stderr: str, note: Optional[str]) -> str:
+  """workflow.format_observation, keeping a limit note visible even when stdout is huge."""
+  if note is None:
+    return workflow.format_observation(exit_code, stdout, stderr)
+  stderr = f"{note}\n{stderr}" if stderr else note
+  budget = workflow.MAX_OBSERVATION_CHARS // 2  # the rest is for the header, note and stderr
+  if len(stdout) > budget:
+    stdout = f"{stdout[:budget]}\n...[cut {len(stdout) - budget} chars]"
+  return workflow.format_observation(exit_code, stdout, stderr)
+
+
+@functools.lru_cache(maxsize=None)
+def check_available(as_root: bool) -> None:
+  """Runs a trivial sandbox once per process; SandboxUnavailableError says why it cannot."""
+  with tempfile.TemporaryDirectory(prefix="bat-sandbox-probe-") as tmp:
+    host_uid = _HOST_UID_MIN if as_root else None
+    if host_uid is not None:
+      workspace_lib.claim(Path(tmp), host_uid, host_uid)
+    with _call_fds(Path(tmp)) as fds:
+      argv = bwrap_argv(workspace_fd=fds.workspace, info_fd=fds.info_w, seccomp_fd=fds.seccomp,
+                        limits=SandboxLimits(), host_uid=host_uid,
+                        command=["/bin/sh", "-c", "echo ok > probe"])
+      done = run_bwrap(argv, fds, wall_s=30.0, max_output_bytes=1 << 16,
+                       max_memory_bytes=1 << 30)
+    if done.returncode != 0 or not os.path.exists(os.path.join(tmp, "probe")):
+      how = ("as root, bwrap needs CAP_SYS_ADMIN to make mount namespaces (in a container: "
+             "--cap-add SYS_ADMIN or --privileged)" if as_root else INSTALL_HINT)
+      raise SandboxUnavailableError(
+          f"bubblewrap cannot create a sandbox here (exit {done.returncode}: "
+          f"{done.stderr.decode(errors='replace').strip()!r}); {how}")
+
+
+class Sandbox:
+  """Runs agent code in `workspace` under bubblewrap and keeps the evidence log.
+
+  Args:
+    workspace: the task folder; the only writable path, mounted at /workspace.
+    limits: per-call limits.
+    evidence_path: JSONL evidence log; must lie outside the workspace. Records already in it
+      are loaded and new calls continue its call_index. None keeps the log in memory only.
+
+  Raises:
+    SandboxUnavailableError: bubblewrap is missing or unusable (never runs unsandboxed).
+  """
+
+  def __init__(self, workspace: Path, limits: SandboxLimits = SandboxLimits(),
+               evidence_path: Optional[Path] = None):
+    self.workspace = Path(workspace).resolve()
+    if not self.workspace.is_dir():
+      raise FileNotFoundError(f"sandbox workspace {str(self.workspace)!r} is not a directory")
+    self.limits = limits
+    self.evidence_path = None if evidence_path is None else Path(evidence_path).resolve()
+    if self.evidence_path is not None and self.evidence_path.is_relative_to(self.workspace):
+      raise ValueError(f"evidence_path {str(evidence_path)!r} is inside the workspace "
+                       f"{str(self.workspace)!r}; the agent could forge it")
+    as_root = os.geteuid() == 0
+    check_available(as_root)
+    # Random per sandbox so concurrent sandboxes do not share one RLIMIT_NPROC count.
+    self.host_uid: Optional[int] = (
+        _HOST_UID_MIN + 1 + secrets.randbelow(_HOST_UID_SPAN) if as_root else None)
+    self._records: list[evidence_lib.EvidenceRecord] = (
+        evidence_lib.load_evidence(self.evidence_path)
+        if self.evidence_path is not None and self.evidence_path.exists() else [])
+    self._lock = threading.Lock()
+
+  @property
+  def evidence(self) -> list[evidence_lib.EvidenceRecord]:
+    """Every call so far, in order."""
+    return list(self._records)
+
+  def execute(self, language: str, code: str) -> ExecResult:
+    """Runs `code` with `language` ("python" or "bash") and records it in the evidence log."""
+    if language not in _INTERPRETERS:
+      raise ValueError(f"unknown language {language!r}; expected one of "
+                       f"{workflow.TOOL_LANGUAGES}")
+    if not isinstance(code, str):
+      raise TypeError(f"code must be a str, got {type(code).__name__}")
+    with self._lock:
+      return self._execute_locked(language, code)
+
+  def _execute_locked(self, language: str, code: str) -> ExecResult:
+    start = time.monotonic()
+    if self.host_uid is not None:
+      workspace_lib.claim(self.workspace, self.host_uid, self.host_uid)
+    before = workspace_lib.fingerprint(self.workspace)
+    if len(code.encode("utf-8", "surrogatepass")) > MAX_CODE_BYTES or "\0" in code:
+      done = _Completed(2, b"", b"", False, False)
+      limit: Optional[str] = "code_size"
+    else:
+      done = self._run(language, code)
+      limit = None
+    stdout = done.stdout.decode("utf-8", "replace")
+    stderr = done.stderr.decode("utf-8", "replace")
+    after = workspace_lib.fingerprint(self.workspace)
+    limit = limit or _limit_hit(done, stderr)
+    cap_bytes = self.limits.max_workspace_mb << 20
+    if limit is None and workspace_lib.tree_bytes(self.workspace) > cap_bytes:
+      limit = "workspace"
+    note = None if limit is None else _limit_note(limit, self.limits)
+    duration = time.monotonic() - start
+    self._record(evidence_lib.EvidenceRecord(
+        call_index=len(self._records), language=language,
+        code_sha256=hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest(),
+        exit_code=done.returncode, duration_s=duration, timed_out=done.timed_out,
+        fingerprint_before=workspace_lib.fingerprint_digest(before),
+        fingerprint_after=workspace_lib.fingerprint_digest(after),
+        changed=workspace_lib.diff(before, after), limit_hit=limit))
+    return ExecResult(exit_code=done.returncode, stdout=stdout, stderr=stderr,
+                      duration_s=duration, timed_out=done.timed_out, limit_hit=limit,
+                      observation=_observation(done.returncode, stdout, stderr, note))
+
+  def _run(self, language: str, code: str) -> _Completed:
+    with _call_fds(self.workspace) as fds:
+      argv = bwrap_argv(workspace_fd=fds.workspace, info_fd=fds.info_w, seccomp_fd=fds.seccomp,
+                        limits=self.limits, host_uid=self.host_uid,
+                        command=[*_INTERPRETERS[language], code])
+      return run_bwrap(argv, fds, wall_s=self.limits.wall_s,
+                       max_output_bytes=self.limits.max_output_bytes,
+                       max_memory_bytes=self.limits.memory_mb << 20)
+
+  def _record(self, record: evidence_lib.EvidenceRecord) -> None:
+    if self.evidence_path is not None:
+      evidence_lib.append_record(self.evidence_path, record)
+    self._records.append(record)

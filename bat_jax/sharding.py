@@ -1,0 +1,193 @@
+"""Device mesh, logical-axis rules and NamedSharding helpers (pjit style).
+
+Params carry logical axis names as NNX metadata (`out_sharding`, set by
+`bat_jax.model.layers.logical_param`). A rule table maps each logical name to
+a mesh axis (or a tuple of mesh axes, or None = replicated); real runs take the
+rules from their config, `DEFAULT_RULES` is the FSDP + tensor-parallel default.
+
+The same code runs on 1 CPU device, on 8 fake CPU devices
+(`XLA_FLAGS=--xla_force_host_platform_device_count=8`) and on N GPUs across
+hosts (call `maybe_initialize_distributed()` first). A mesh axis that does not
+evenly divide a dimension is dropped for that dimension (replicated) instead of
+failing, so tiny test models shard on any mesh.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+log = logging.getLogger(__name__)
+
+MESH_AXES = ("data", "fsdp", "tensor")
+MeshAxes = str | tuple[str, ...] | None
+Rules = Sequence[tuple[str, MeshAxes]]
+
+DEFAULT_RULES: tuple[tuple[str, MeshAxes], ...] = (
+    # activations
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    # parameters
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("norm", None),
+    ("embed_norm", None),
+)
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A ("data", "fsdp", "tensor") mesh over `devices` (default: all devices).
+
+  One axis size may be -1 (inferred). The product must equal the device count.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = [data, fsdp, tensor]
+  if sizes.count(-1) > 1:
+    raise ValueError(f"at most one mesh axis size may be -1, got data={data} fsdp={fsdp} "
+                     f"tensor={tensor}")
+  known = int(np.prod([s for s in sizes if s != -1]))
+  if -1 in sizes:
+    if len(devices) % known:
+      raise ValueError(f"{len(devices)} devices do not split into mesh data={data} "
+                       f"fsdp={fsdp} tensor={tensor}")
+    sizes[sizes.index(-1)] = len(devices) // known
+  if int(np.prod(sizes)) != len(devices):
+    raise ValueError(f"mesh data={sizes[0]} fsdp={sizes[1]} tensor={sizes[2]} needs "
+                     f"{int(np.prod(sizes))} devices, have {len(devices)}")
+  try:
+    from jax.experimental import mesh_utils
+    grid = mesh_utils.create_device_mesh(tuple(sizes), devices=devices)
+  except (ValueError, NotImplementedError, AssertionError):
+    # Topology-aware placement is unavailable for some device sets (e.g. a subset).
+    grid = np.asarray(devices, dtype=object).reshape(sizes)
+  return Mesh(grid, MESH_AXES)
+
+
+def _rule_table(rules: Rules) -> dict[str, MeshAxes]:
+  table: dict[str, MeshAxes] = {}
+  for entry in rules:
+    if len(entry) != 2:
+      raise ValueError(f"sharding rule {entry!r} must be (logical_name, mesh_axes)")
+    name, axes = entry
+    for ax in (axes,) if isinstance(axes, str) else (axes or ()):
+      if ax not in MESH_AXES:
+        raise ValueError(f"sharding rule for {name!r} names unknown mesh axis {ax!r}; "
+                         f"mesh axes are {MESH_AXES}")
+    table.setdefault(name, axes)  # first rule wins, as in flax/MaxText
+  return table
+
+
+def logical_to_spec(logical_axes: Sequence[str | None], rules: Rules,
+                    shape: Sequence[int] | None = None, mesh: Mesh | None = None) -> PartitionSpec:
+  """PartitionSpec for one array's logical axes.
+
+  With `shape` and `mesh`, mesh axes that do not divide their dimension (or
+  were already used by an earlier dimension) are dropped for that dimension.
+  """
+  table = _rule_table(rules)
+  used: set[str] = set()
+  spec = []
+  for dim, name in enumerate(logical_axes):
+    if name is None:
+      spec.append(None)
+      continue
+    if name not in table:
+      raise KeyError(f"no sharding rule for logical axis {name!r}; rules cover {sorted(table)}")
+    axes = table[name]
+    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    kept = []
+    for ax in axes:
+      if ax in used:
+        continue
+      if shape is not None and mesh is not None:
+        size = int(np.prod([mesh.shape[a] for a in (*kept, ax)]))
+        if shape[dim] % size:
+          continue
+      kept.append(ax)
+    used.update(kept)
+    spec.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+  return PartitionSpec(*spec)
+
+
+def _is_axes_leaf(x: Any) -> bool:
+  return isinstance(x, PartitionSpec) or (
+      isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x))
+
+
+def logical_to_sharding(logical_axes_tree: Any, mesh: Mesh, rules: Rules) -> Any:
+  """Maps a pytree whose leaves are logical-axes tuples to NamedShardings."""
+  return jax.tree.map(lambda axes: NamedSharding(mesh, logical_to_spec(axes, rules)),
+                      logical_axes_tree, is_leaf=_is_axes_leaf)
+
+
+def _variable_sharding(var: nnx.Variable, mesh: Mesh, rules: Rules) -> NamedSharding:
+  axes = var.get_metadata().get("out_sharding")
+  shape = var.get_value().shape
+  if not axes:
+    return NamedSharding(mesh, PartitionSpec())
+  return NamedSharding(mesh, logical_to_spec(axes, rules, shape=shape, mesh=mesh))
+
+
+def model_shardings(model_or_state: nnx.Module | nnx.State, mesh: Mesh,
+                    rules: Rules = DEFAULT_RULES) -> nnx.State:
+  """NamedSharding for every variable, in the structure of the model's state.
+
+  Variables without logical axes are replicated. Works on abstract states
+  (from `nnx.eval_shape`) too. The result is a `State` whose Variables hold
+  NamedShardings, usable directly as jit in/out shardings of that state.
+  """
+  state = (nnx.state(model_or_state) if isinstance(model_or_state, nnx.Module)
+           else model_or_state)
+  return jax.tree.map(lambda v: v.replace(_variable_sharding(v, mesh, rules)), state,
+                      is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def shard_model(model: nnx.Module, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> nnx.Module:
+  """Places the model's variables on `mesh` per `rules` (in place; returns model)."""
+  state = nnx.state(model)
+  nnx.update(model, jax.device_put(state, model_shardings(state, mesh, rules)))
+  return model
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+  """Leading (batch) dim over ("data", "fsdp"); other dims replicated."""
+  if ndim < 1:
+    raise ValueError(f"batch_sharding needs ndim >= 1, got {ndim}")
+  return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+_DISTRIBUTED_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")
+_LAUNCHER_SIZE_ENV = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def maybe_initialize_distributed(env: Mapping[str, str] | None = None) -> bool:
+  """Calls `jax.distributed.initialize()` when launched as a multi-process job.
+
+  Multi-process is detected from a coordinator address or a launcher world
+  size > 1 (SLURM, Open MPI, PMI); jax fills in the rest from the environment.
+  Must run before any other jax call. Returns True when initialised.
+  """
+  env = os.environ if env is None else env
+  multi = any(env.get(k) for k in _DISTRIBUTED_ENV) or any(
+      int(env.get(k, "1") or "1") > 1 for k in _LAUNCHER_SIZE_ENV)
+  if not multi:
+    return False
+  jax.distributed.initialize()
+  log.info("jax.distributed initialised: process %d of %d, %d global devices",
+           jax.process_index(), jax.process_count(), jax.device_count())
+  return True

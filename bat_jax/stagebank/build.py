@@ -1,0 +1,127 @@
+"""Builds one round: plan the view, synthesise rows, leak-check them, publish the shards."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from bat_jax import markers
+from bat_jax import workflow
+from bat_jax.stagebank import leakcheck
+from bat_jax.stagebank import rl_rows
+from bat_jax.stagebank import rounds
+from bat_jax.stagebank import shards
+
+BUILDER_VERSION = "bat_jax.stagebank/1"
+MARKERS_FILE = "markers.json"  # default place of the evaluator's hashed export in a bank
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltRound:
+  """A round's rows (per pool, in order), its batch composition and its leak receipt."""
+  spec: rounds.RoundSpec
+  pools: Mapping[str, list[dict[str, Any]]]
+  composition: Mapping[str, int]
+  receipt: leakcheck.LeakReceipt
+
+
+_worker_source: rl_rows.TaskSource | None = None
+
+
+def _init_worker(source: rl_rows.TaskSource) -> None:
+  global _worker_source
+  _worker_source = source
+
+
+def _describe_in_worker(key: tuple[str, str, int, str]) -> rl_rows.TaskDescription:
+  return _worker_source.describe(*key)
+
+
+def describe_all(source: rl_rows.TaskSource, slots: Sequence[rounds.RowSlot], *,
+                 workers: int = 1) -> list[rl_rows.TaskDescription]:
+  """Task descriptions of `slots`, in order; task generation fans out over `workers` processes
+  (it dominates build time: the families synthesise images in pure Python)."""
+  keys = [(s.track, s.outcome, s.task_seed, s.stage) for s in slots]
+  if workers <= 1 or len(keys) < 2 * workers:
+    return [source.describe(*k) for k in keys]
+  chunk = max(1, len(keys) // (8 * workers))
+  with concurrent.futures.ProcessPoolExecutor(workers, initializer=_init_worker,
+                                              initargs=(source,)) as executor:
+    return list(executor.map(_describe_in_worker, keys, chunksize=chunk))
+
+
+def build_round(spec: rounds.RoundSpec, source: rl_rows.TaskSource,
+                checker: leakcheck.LeakChecker, *, workers: int = 1) -> BuiltRound:
+  """Synthesises and leak-checks a round in memory.
+
+  Args:
+    spec: the round.
+    source: where task briefs and workspace digests come from.
+    checker: the leak pre-check.
+    workers: processes for task generation (1: in this process).
+
+  Raises:
+    RoundRejected: any row failed the leak pre-check (fail-closed: the whole round).
+  """
+  view = rounds.plan_round(spec)
+  round_target = spec.weights.primary_stage
+  slots = [slot for pool in workflow.POOLS for slot in view[pool]]
+  tasks = describe_all(source, slots, workers=workers)
+  pools = {pool: [] for pool in workflow.POOLS}
+  for slot, task in zip(slots, tasks):
+    pools[slot.pool].append(rl_rows.rl_row(slot, task, round_index=spec.round_index,
+                                           round_target=round_target))
+  receipt = checker.check_rows((pool, row) for pool, rows in pools.items() for row in rows)
+  if not receipt.passed:
+    raise leakcheck.RoundRejected(receipt)
+  return BuiltRound(spec, pools, rounds.batch_composition(spec.weights.pool_mix,
+                                                          spec.rows_per_batch), receipt)
+
+
+def publish(bank: Path, built: BuiltRound, *, source_name: str) -> Path:
+  """Writes a built round's shards + manifest atomically into `bank`."""
+  return shards.publish_round(bank, built.spec.round_index, built.pools, {
+      "config": {**built.spec.to_json(), "builder": BUILDER_VERSION, "task_source": source_name,
+                 "data_source": rounds.DATA_SOURCE},
+      "curriculum_weights": built.spec.weights.to_json(),
+      "round_target": built.spec.weights.primary_stage,
+      "batch_composition": dict(built.composition),
+      "pool_order": list(workflow.POOLS),
+      "leak_receipt": built.receipt.to_json(),
+  })
+
+
+def load_matcher(path: Path | None, *, required: bool = True) -> markers.MarkerMatcher:
+  """The marker matcher from an evaluator export file.
+
+  A missing file is an error when `required` (an explicitly named export: fail closed), else an
+  empty matcher with a warning (the receipt then records marker_count=0).
+  """
+  if path is None or not Path(path).is_file():
+    if required:
+      raise FileNotFoundError(f"held-out marker export {path} does not exist")
+    logging.warning("no held-out marker export at %s: leak check runs without markers "
+                    "(the receipt records marker_count=0)", path)
+    return markers.MarkerMatcher(markers.empty_export())
+  try:
+    export = json.loads(Path(path).read_text())
+  except json.JSONDecodeError as e:
+    raise ValueError(f"marker export {path} is not valid JSON: {e}") from None
+  return markers.MarkerMatcher(export)
+
+
+def build_and_publish(bank: Path, spec: rounds.RoundSpec, source: rl_rows.TaskSource, *,
+                      markers_path: Path | None = None, workers: int = 1) -> Path:
+  """build_round + publish. Markers: `markers_path` (must exist), else `BANK/markers.json` if
+  present."""
+  bank = Path(bank)
+  if markers_path is not None:
+    matcher = load_matcher(markers_path)
+  else:
+    matcher = load_matcher(bank / MARKERS_FILE, required=False)
+  built = build_round(spec, source, leakcheck.LeakChecker(matcher), workers=workers)
+  return publish(bank, built, source_name=source.name)

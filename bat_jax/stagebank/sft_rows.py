@@ -1,0 +1,168 @@
+"""Cold-start SFT rows: prior context plus exactly one target assistant action, model-neutral.
+
+For a task and a focus (a stage, or E2E), the expert solver of `bat_jax.tasks` gives the focus's
+actions. They are executed in a sandbox materialised at the focus's stage boundary
+(`tasks.materialize_at`, which runs the earlier stages for real), so every prior turn is followed
+by its real observation. Action k of the focus becomes one row:
+
+    messages: system, user, then for j < k: {"role": "assistant", "action": a_j},
+              {"role": "tool", "name": "execute_code", "content": observation_j}
+    target:   {"role": "assistant", "reasoning_summary": thought_k,
+               "action": {"type": "tool", "name": "execute_code", "arguments": {...}}}
+
+Actions are stored as a tool name plus typed arguments; the model's chat template is applied only
+later (`ChatFormat.encode_sft_example(row["messages"], target_action(row))`). The row's shape
+follows the reference `sft-semantic-row.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from bat_jax import workflow
+from bat_jax.stagebank import grid
+from bat_jax.stagebank import leakcheck
+from bat_jax.stagebank import rl_rows
+from bat_jax.stagebank import rounds
+from bat_jax.stagebank import shards
+
+SFT_POOL = "sft"
+LOSS_MASK = {"messages": 0, "target_reasoning_summary": 1, "target_action": 1, "padding": 0}
+
+
+def _neutral_action(action: Mapping[str, Any]) -> dict[str, Any]:
+  """Validates an expert action and returns its model-neutral {name, arguments, thought}."""
+  name, args = action.get("name"), action.get("arguments")
+  if name != workflow.TOOL_NAME:
+    raise ValueError(f"expert action field 'name' is {name!r}, expected {workflow.TOOL_NAME!r}")
+  if not isinstance(args, Mapping) or set(args) != {"language", "code"}:
+    raise ValueError(f"expert action field 'arguments' must hold exactly language and code, "
+                     f"got {args!r}")
+  if args["language"] not in workflow.TOOL_LANGUAGES:
+    raise ValueError(f"expert action language {args['language']!r} is not one of "
+                     f"{workflow.TOOL_LANGUAGES}")
+  return {"name": name, "arguments": {"language": args["language"], "code": args["code"]},
+          "thought": str(action.get("thought", ""))}
+
+
+def target_action(row: Mapping[str, Any]) -> dict[str, Any]:
+  """The row's target as the `{name, arguments, thought}` action the chat formats take."""
+  target = row["target"]
+  return {"name": target["action"]["name"], "arguments": dict(target["action"]["arguments"]),
+          "thought": target.get("reasoning_summary", "")}
+
+
+def focus_actions(tasks_module: Any, instance: Any, focus: str) -> list[dict[str, Any]]:
+  """The expert's actions of one focus (E2E: every stage's, in order), model-neutral."""
+  stages = workflow.STAGES if focus == workflow.E2E else (focus,)
+  return [_neutral_action(a) for s in stages for a in tasks_module.expert_actions(instance, s)]
+
+
+def rows_for_task(user: str, state: grid.GridState, actions: Sequence[Mapping[str, Any]],
+                  observations: Sequence[str], *, state_id: str, task_seed: int,
+                  generator: str) -> list[dict[str, Any]]:
+  """One SFT row per action: context = everything before it, target = the action.
+
+  Args:
+    user: the row's user message (`tasks.brief_for(instance, focus)`).
+    state: the grid state (focus, track, outcome).
+    actions: the focus's model-neutral expert actions, in order.
+    observations: each action's observation, from executing it.
+    state_id: the task's group id.
+    task_seed: the generator seed (recorded in the workspace recipe).
+    generator: the generator id.
+  """
+  if len(observations) != len(actions):
+    raise ValueError(f"{len(actions)} actions but {len(observations)} observations")
+  context: list[dict[str, Any]] = [{"role": "system", "content": rl_rows.SYSTEM_PROMPT},
+                                   {"role": "user", "content": user}]
+  rows = []
+  for k, (action, observation) in enumerate(zip(actions, observations)):
+    rows.append({
+        "schema_version": rl_rows.ROW_SCHEMA_VERSION,
+        "messages": [dict(m) for m in context],
+        "target": {"role": "assistant", "reasoning_summary": action["thought"],
+                   "action": {"type": "tool", "name": action["name"],
+                              "arguments": dict(action["arguments"])}},
+        "loss_mask": dict(LOSS_MASK),
+        "metadata": {
+            "state_id": state_id, "stage": state.focus, "track": state.track,
+            "outcome": state.outcome, "grid_state": state.key, "action_index": k,
+            "actions_in_focus": len(actions), "source": rl_rows.PROVENANCE_SOURCE,
+            "model_specific_serialization": False,
+            "workspace_recipe": {"generator": generator, "track": state.track,
+                                 "outcome": state.outcome, "seed": task_seed,
+                                 "boundary_stage": state.focus},
+        },
+    })
+    context.append({"role": "assistant", "action": dict(action)})
+    context.append({"role": "tool", "name": workflow.TOOL_NAME, "content": observation})
+  return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class SftSpec:
+  """Which SFT rows to synthesise.
+
+  Attributes:
+    seed: base seed.
+    tasks_per_state: generated tasks per grid state.
+    states: grid states to cover (default: all 126).
+  """
+  seed: int = 0
+  tasks_per_state: int = 1
+  states: tuple[grid.GridState, ...] = grid.SOURCE_GRID
+
+  def to_json(self) -> dict[str, Any]:
+    return {"seed": self.seed, "tasks_per_state": self.tasks_per_state,
+            "states": [s.key for s in self.states]}
+
+
+def synthesize(spec: SftSpec, *, sandbox_limits: Any = None) -> Iterator[dict[str, Any]]:
+  """Generates every SFT row of `spec`, running the expert actions in sandboxes.
+
+  One task is generated per (track, outcome, i) and shared by all of its foci, so the boundary
+  snapshots of `materialize_at` (cached in a per-task temporary directory, removed afterwards)
+  run each earlier stage once.
+  """
+  from bat_jax import tasks  # deferred: the bank's CLI must start without the task families
+  from bat_jax.sandbox import SandboxLimits
+  limits = sandbox_limits if sandbox_limits is not None else SandboxLimits()
+  cells: dict[tuple[str, str], list[grid.GridState]] = {}
+  for state in spec.states:
+    cells.setdefault((state.track, state.outcome), []).append(state)
+  for (track, outcome), states in cells.items():
+    states = sorted(states, key=lambda s: workflow.FOCI.index(s.focus))
+    for i in range(spec.tasks_per_state):
+      task_seed = rounds.derive_seed(SFT_POOL, spec.seed, track, outcome, i) & 0x7FFFFFFF
+      instance = tasks.FAMILIES[track].generate(task_seed, outcome)
+      with tempfile.TemporaryDirectory(prefix="bat-sft-") as tmp:
+        for state in states:
+          sandbox = tasks.materialize_at(instance, state.focus, Path(tmp) / state.focus, limits,
+                                         cache_dir=Path(tmp) / "cache")
+          actions = focus_actions(tasks, instance, state.focus)
+          observations = [sandbox.execute(a["arguments"]["language"],
+                                          a["arguments"]["code"]).observation for a in actions]
+          sid = rounds.state_id(-1, rounds.DATA_SOURCE, SFT_POOL, state.key, i, spec.seed)
+          yield from rows_for_task(tasks.brief_for(instance, state.focus), state, actions,
+                                   observations, state_id=sid, task_seed=task_seed,
+                                   generator=f"bat_jax.tasks/{track}")
+
+
+def build_sft_set(out_dir: Path, spec: SftSpec, checker: leakcheck.LeakChecker, *,
+                  sandbox_limits: Any = None) -> Path:
+  """Synthesises, leak-checks (fail-closed) and atomically publishes an SFT set to `out_dir`."""
+  rows = list(synthesize(spec, sandbox_limits=sandbox_limits))
+  receipt = checker.check_rows((SFT_POOL, r) for r in rows)
+  if not receipt.passed:
+    raise leakcheck.RoundRejected(receipt)
+  return shards.publish_dir(Path(out_dir), {SFT_POOL: rows}, {
+      "kind": "sft", "config": spec.to_json(), "leak_receipt": receipt.to_json()})
+
+
+def load_sft_rows(sft_dir: Path) -> list[dict[str, Any]]:
+  """The rows of a published SFT set, after digest and receipt verification."""
+  return shards.read_rows(sft_dir, SFT_POOL)

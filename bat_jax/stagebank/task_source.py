@@ -1,0 +1,85 @@
+"""The bank's task source: the training task families of `bat_jax.tasks` (never the evaluator)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from bat_jax.stagebank.rl_rows import TaskDescription, TaskSource
+
+DEFAULT_SOURCE = "bat_jax.stagebank.task_source:TasksPackageSource"
+
+
+def files_digest(files: Mapping[str, bytes | str]) -> str:
+  """sha256 over (relpath, sha256(content)) of a workspace's files, in path order."""
+  h = hashlib.sha256()
+  for rel in sorted(files):
+    content = files[rel]
+    data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
+    h.update(f"{rel}\x00{hashlib.sha256(data).hexdigest()}\n".encode("utf-8"))
+  return h.hexdigest()
+
+
+class TasksPackageSource:
+  """Describes rows with `bat_jax.tasks`: `FAMILIES[track].generate(seed, outcome)` and the
+  focus-scoped user message `brief_for(instance, focus)`."""
+  name = "bat_jax.tasks"
+
+  def __init__(self):
+    from bat_jax import tasks  # deferred: the bank's CLI imports this module before it is needed
+    self._tasks = tasks
+
+  def describe(self, track: str, outcome: str, seed: int, focus: str) -> TaskDescription:
+    if track not in self._tasks.FAMILIES:
+      raise ValueError(f"bat_jax.tasks has no family for track {track!r}")
+    instance = self._tasks.FAMILIES[track].generate(seed, outcome)
+    return TaskDescription(generator=f"{self.name}/{track}", task_id=instance.task_id,
+                           brief=self._tasks.brief_for(instance, focus),
+                           workspace_sha256=files_digest(instance.files))
+
+
+def load_source_factory(spec: str) -> Callable[[], TaskSource]:
+  """Resolves `module:attr` (a TaskSource class or zero-argument function) for the CLI."""
+  module, sep, attr = spec.partition(":")
+  if not sep or not module or not attr:
+    raise ValueError(f"task source {spec!r} must be module:attr")
+  try:
+    return getattr(importlib.import_module(module), attr)
+  except (ImportError, AttributeError) as e:
+    raise ValueError(f"task source {spec!r} cannot be imported: {e}") from None
+
+
+def instance_for(row: Mapping[str, Any]) -> Any:
+  """Regenerates the training task an RL row's workspace recipe names, checking its digest.
+
+  Raises:
+    ValueError: naming the row's state_id when the recipe is not a `bat_jax.tasks` one or the
+      regenerated workspace differs from the row's `source_digest` (the generator changed since
+      the round was built: its rewards would not match its prompt).
+  """
+  from bat_jax import tasks
+  info = row["extra_info"]
+  recipe = info["workspace_recipe"]
+  if recipe["generator"] != f"{TasksPackageSource.name}/{recipe['track']}":
+    raise ValueError(f"row {info['state_id']}: workspace_recipe generator "
+                     f"{recipe['generator']!r} is not a bat_jax.tasks family")
+  instance = tasks.FAMILIES[recipe["track"]].generate(recipe["seed"], recipe["outcome"])
+  digest = files_digest(instance.files)
+  if digest != info["provenance"]["source_digest"]:
+    raise ValueError(f"row {info['state_id']}: regenerated workspace digest {digest} differs "
+                     f"from provenance.source_digest {info['provenance']['source_digest']}")
+  return instance
+
+
+def materialize_row(row: Mapping[str, Any], root: Path, sandbox_limits: Any = None, *,
+                    cache_dir: Path | None = None) -> tuple[Any, Any]:
+  """(instance, Sandbox) for a rollout from an RL row: the workspace at the row's boundary."""
+  from bat_jax import tasks
+  from bat_jax.sandbox import SandboxLimits
+  instance = instance_for(row)
+  limits = sandbox_limits if sandbox_limits is not None else SandboxLimits()
+  sandbox = tasks.materialize_at(instance, row["extra_info"]["workspace_recipe"]["boundary_stage"],
+                                 Path(root), limits, cache_dir=cache_dir)
+  return instance, sandbox

@@ -1,0 +1,1 @@
+"""Stdlib "model" runners, one per track, written into task workspaces as `runner.py`."""

@@ -1,0 +1,24 @@
+r"""BaT-9B: the BaT reference recipe on a local Qwen3.5-9B checkpoint, SGLang rollouts, 8 GPUs.
+
+  python launch.py --config=configs/bat9b.py:ckpt=/models/Qwen3.5-9B --workdir=/runs/bat9b
+  # several hosts (run on each; jax.distributed finds the coordinator on SLURM / GKE):
+  python launch.py --config=configs/bat9b.py:ckpt=/models/Qwen3.5-9B,hosts=2 --workdir=...
+
+The recipe itself (SFT, GRPO, limits, Stage Bank round view, gate, argmin curriculum) is
+`configs/base.py`'s defaults, checked against the release's bat-reference.json by tests.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import ml_collections
+
+from configs import base
+
+DEFAULT_CHECKPOINT = "/models/Qwen3.5-9B"
+
+
+def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
+  """`arg`: `ckpt=DIR` (local Qwen3.5-9B with tokenizer files), `hosts=N`."""
+  return base.reference_gpu_config(arg, DEFAULT_CHECKPOINT)

@@ -1,0 +1,139 @@
+r"""The CPU default: a tiny Qwen3.5-architecture model from scratch and a locally trained tokenizer.
+
+  python launch.py --config=configs/tiny.py --workdir=/tmp/bat_tiny
+  python launch.py --config=configs/tiny.py:smoke --workdir=/tmp/bat_smoke   # a handful of steps
+
+Everything stays on one host, on CPU: the in-process JAX rollout engine, a spawned Stage Bank and
+the built-in evaluator. Sizes are chosen so the whole run (SFT, evaluations, rounds) takes about
+15 minutes on 2 CPU cores; `smoke` shrinks every phase to a few steps for the test suite. The
+recipe's *structure* (4/2/2 pool mix, gate thresholds, argmin curriculum, GRPO loss settings)
+is the reference's; only the scale shrinks.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import ml_collections
+
+from configs import base
+
+
+def tiny_qwen3_5_text(
+    vocab_size: Union[int, ml_collections.FieldReference]) -> ml_collections.ConfigDict:
+  """A Qwen3.5 text config (HF `config.json` fields) with both DeltaNet and attention layers."""
+  return ml_collections.ConfigDict({
+      "model_type": "qwen3_5_text",
+      "vocab_size": vocab_size,   # follows tokenizer.train.vocab_size
+      "hidden_size": 64,
+      "intermediate_size": 128,
+      "num_hidden_layers": 4,
+      "layer_types": ("linear_attention", "full_attention",
+                      "linear_attention", "full_attention"),
+      "num_attention_heads": 4,
+      "num_key_value_heads": 2,
+      "head_dim": 16,
+      "linear_num_key_heads": 2,
+      "linear_num_value_heads": 4,
+      "linear_key_head_dim": 16,
+      "linear_value_head_dim": 16,
+      "linear_conv_kernel_dim": 4,
+      "hidden_act": "silu",
+      "rms_norm_eps": 1e-6,
+      "max_position_embeddings": 16384,
+      "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                          "partial_rotary_factor": 0.25},
+      "attention_bias": False,
+      "tie_word_embeddings": True,
+      "initializer_range": 0.02,
+  })
+
+
+# `smoke`: every phase shrunk to a handful of steps, for the end-to-end test.
+SMOKE_OVERRIDES = {
+    "tokenizer.train.vocab_size": 512,      # the model's vocab follows (a FieldReference)
+    "tokenizer.train.corpus_tasks": 21,
+    "sft.steps": 4,
+    "sft.num_examples": 32,
+    "sft.max_validation_examples": 4,
+    "sft.checkpoint.every": 2,
+    "grpo.rounds": 2,
+    "grpo.steps_per_round": 2,
+    "grpo.prompt_groups": 2,
+    "grpo.group_size": 2,
+    "grpo.checkpoint.every": 1,
+    "rollout.limits.max_turn_tokens": 32,
+    "rollout.limits.max_assistant_turns": 3,
+    "rollout.limits.max_tool_calls": 2,
+    "rollout.limits.max_response_tokens": 96,
+    "rollout.limits.max_context_tokens": 3072,
+    "rollout.max_concurrent_trajectories": 4,
+    "rollout.jax.batch_size": 4,
+    "rollout.jax.max_len": 3072,
+    "stagebank.n_batches": 2,
+    "evaluator.workers": 1,
+}
+
+
+def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
+  """`arg`: `smoke` (a handful of steps per phase, for tests), `rounds=N`, `mode=softmin`."""
+  arg = base.parse_arg(arg, smoke=False, rounds=3, mode="argmin")
+  c = base.base_config()
+  c.seed = 0
+
+  # Expert actions carry up to ~5.6k chars of code; a 2k vocab shortens them versus 512-1k.
+  vocab_size = ml_collections.FieldReference(2048)
+  c.model.source = "scratch"
+  c.model.hf_config = tiny_qwen3_5_text(vocab_size)
+  c.model.dtype = "float32"        # CPU: bf16 matmuls are emulated and slower
+  c.model.param_dtype = "float32"
+  c.tokenizer.source = "train"
+  c.tokenizer.train.vocab_size = vocab_size
+  c.tokenizer.train.corpus_tasks = 84   # 4 per track x outcome
+
+  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = -1, 1, 1
+
+  c.sft.steps = 120
+  c.sft.global_batch_size = 8
+  c.sft.micro_batches = 1
+  c.sft.max_seq_len = 4096
+  c.sft.lr = 1e-3                  # a from-scratch model, not a fine-tune
+  c.sft.warmup_steps = 10
+  c.sft.schedule = "cosine"
+  c.sft.num_examples = 960
+  c.sft.max_validation_examples = 32
+  c.sft.remat = "none"
+  c.sft.checkpoint.every = 40
+
+  c.grpo.rounds = arg.rounds
+  c.grpo.steps_per_round = 4
+  c.grpo.prompt_groups = 4
+  c.grpo.group_size = 4
+  c.grpo.lr = 1e-4
+  c.grpo.micro_batches = 1
+  c.grpo.remat = "none"
+  c.grpo.checkpoint.every = 2
+
+  c.rollout.engine = "jax"
+  c.rollout.limits.max_turn_tokens = 256
+  c.rollout.limits.max_response_tokens = 2048
+  c.rollout.limits.max_observation_chars = 512
+  c.rollout.limits.max_context_tokens = 6144
+  c.rollout.max_concurrent_trajectories = 16
+  c.rollout.jax.batch_size = 16
+  c.rollout.jax.max_len = 6144
+  c.rollout.jax.prefill_chunk = 256
+
+  c.sandbox.wall_s = 10.0
+  c.sandbox.cpu_s = 5
+  c.sandbox.memory_mb = 512
+
+  c.stagebank.n_batches = 8        # 64 rows per round: enough for 4 updates of 4 groups
+  c.evaluator.cells_per_track = 1
+  c.evaluator.workers = 2
+  c.curriculum.mode = arg.mode
+
+  if arg.smoke:
+    c.update_from_flattened_dict(SMOKE_OVERRIDES)
+  c.lock()
+  return c

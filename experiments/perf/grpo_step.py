@@ -1,0 +1,244 @@
+"""One GRPO update (forward, backward, AdamW) in tokens/s: bat_jax vs transformers + torch.
+
+`--mode compare` (default, CPU): the bat_jax step (`bat_jax.grpo`: chunked taken-token logprobs,
+clipped loss + k3 KL, seq-mean-token-mean, global-norm clipping, AdamW) and the same update in
+PyTorch (a transformers model with the same weights, full-logits log-softmax, the same loss
+written in torch, `clip_grad_norm_` + `torch.optim.AdamW`) on the same tiny config and batch.
+Each side runs in its own child process so its peak RSS is its own; the parent prints both and
+the ratio last. The first-step losses are printed too: equal weights and batch -> equal loss.
+
+`--mode mfu` (GPU): a random ~1.9B Qwen3.5 config in bf16 with remat; prints step time,
+tokens/s and model FLOP utilisation (6 * matmul params + causal attention per token, against
+`--peak_tflops`, default H200 bf16 dense). `--preset tiny` runs the same path on CPU as a smoke
+test.
+
+  PYTHONPATH=. python experiments/perf/grpo_step.py --batch 8 --seq 256
+  PYTHONPATH=. python experiments/perf/grpo_step.py --mode mfu --preset 1.9b --batch 8 --seq 4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from model_fwd_bwd import time_it, tiny_config  # noqa: E402  (shared perf helpers)
+
+CLIP, KL_COEF, LR, TEMPERATURE = 0.2, 0.006, 2.5e-7, 0.7
+
+
+def grpo_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+  """Random prompt+response tokens; the response (mask 1) starts at seq/4, ragged ends."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(0, vocab, (batch, seq), dtype=np.int32)
+  ends = rng.integers(seq // 2, seq + 1, batch)
+  pos = np.arange(seq)[None]
+  mask = ((pos >= seq // 4) & (pos < ends[:, None])).astype(np.float32)
+  old = (-np.log(vocab) + 0.1 * rng.normal(size=(batch, seq))).astype(np.float32) * mask
+  ref = (old + 0.05 * rng.normal(size=(batch, seq))).astype(np.float32) * mask
+  adv = rng.normal(size=batch).astype(np.float32)
+  return {"input_ids": ids, "loss_mask": mask, "old_logp": old, "ref_logp": ref,
+          "advantages": adv}
+
+
+def _rss_mb() -> float:
+  with open("/proc/self/statm") as f:
+    return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def _peak_rss_mb() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_jax(hf_dict: dict, args, out_dir: str, queue) -> None:
+  import jax
+  from flax import nnx
+
+  from bat_jax import grpo
+  from bat_jax.model import ModelConfig, build_model, save_pretrained
+
+  model = build_model(ModelConfig.from_hf_dict(hf_dict), rngs=nnx.Rngs(0))
+  save_pretrained(model, out_dir)  # the torch side loads these exact weights
+  graphdef, params, rest = grpo.split_model(model)
+  optimizer = grpo.make_optimizer(grpo.OptimizerConfig(learning_rate=LR, max_grad_norm=1.0))
+  loss_cfg = grpo.GrpoConfig(clip_low=CLIP, clip_high=CLIP, kl_coef=KL_COEF,
+                             temperature=TEMPERATURE, logprob_chunk_size=args.chunk)
+  step_fn = grpo.build_step_fn(graphdef, grpo.grpo_loss_fn(loss_cfg), optimizer,
+                               grpo.StepConfig(num_micro_batches=args.micro))
+  batch = jax.device_put(grpo_batch(args.batch, args.seq, hf_dict["vocab_size"]))
+  frozen = {"rest": rest, "ref_params": None}
+  state = grpo.init_train_state(params, optimizer, seed=0)
+  compiled = grpo.compile_step(grpo.make_train_step(step_fn), state, batch, frozen)
+  rss_before = _rss_mb()
+  holder = {"state": state}
+
+  def step():
+    holder["state"], metrics = compiled(holder["state"], batch, frozen)
+    return jax.block_until_ready(metrics)
+
+  first_loss = float(step()["loss"])
+  seconds = time_it(step, args.iters)
+  queue.put({"seconds": seconds, "loss": first_loss, "rss_before_mb": rss_before,
+             "peak_rss_mb": _peak_rss_mb(), "xla_mb": {
+                 k: v / 2**20 for k, v in grpo.memory_report(compiled).items()}})
+
+
+def run_torch(args, weights_dir: str, queue) -> None:
+  import torch
+  import transformers
+
+  torch.manual_seed(0)
+  model = transformers.AutoModelForCausalLM.from_pretrained(weights_dir,
+                                                            dtype=torch.float32).train()
+  opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                          weight_decay=0.0)
+  b = {k: torch.as_tensor(v) for k, v in grpo_batch(args.batch, args.seq,
+                                                    model.config.vocab_size).items()}
+  ids = b["input_ids"].long()
+
+  def loss_fn():
+    logits = model(input_ids=ids).logits[:, :-1].float() / TEMPERATURE
+    taken = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+    logp = torch.nn.functional.pad(taken, (1, 0))
+    mask, adv = b["loss_mask"], b["advantages"][:, None]
+    ratio = torch.exp(logp - b["old_logp"])
+    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - CLIP, 1 + CLIP))
+    log_r = b["ref_logp"] - logp
+    per_token = pg + KL_COEF * (torch.exp(log_r) - log_r - 1)
+    tokens = mask.sum(-1)
+    per_seq = (per_token * mask).sum(-1) / tokens.clamp(min=1)
+    return per_seq[tokens > 0].mean()
+
+  def step():
+    opt.zero_grad(set_to_none=True)
+    loss = loss_fn()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss
+
+  rss_before = _rss_mb()
+  first_loss = float(step())
+  seconds = time_it(step, args.iters)
+  queue.put({"seconds": seconds, "loss": first_loss, "rss_before_mb": rss_before,
+             "peak_rss_mb": _peak_rss_mb(), "threads": torch.get_num_threads()})
+
+
+def _in_child(target, *args):
+  ctx = mp.get_context("spawn")
+  queue = ctx.Queue()
+  proc = ctx.Process(target=target, args=(*args, queue))
+  proc.start()
+  result = queue.get()
+  proc.join()
+  return result
+
+
+def compare(args) -> None:
+  hf_dict = tiny_config(args.family, args.layers)
+  tokens = args.batch * args.seq
+  with tempfile.TemporaryDirectory() as tmp:
+    jax_r = _in_child(run_jax, hf_dict, args, tmp)
+    torch_r = _in_child(run_torch, args, tmp)
+  print(f"config: family={args.family} layers={args.layers} batch={args.batch} seq={args.seq} "
+        f"micro={args.micro} chunk={args.chunk} torch_threads={torch_r['threads']}")
+  print(f"first-step loss: jax={jax_r['loss']:.6f} torch={torch_r['loss']:.6f}")
+  for name, r in (("jax", jax_r), ("torch", torch_r)):
+    print(f"{name:5s} GRPO update: {r['seconds'] * 1e3:8.1f} ms/step {tokens / r['seconds']:9.0f} "
+          f"tokens/s  peak RSS {r['peak_rss_mb']:7.0f} MB (before step {r['rss_before_mb']:.0f})")
+  print("jax XLA memory analysis (MB): " +
+        ", ".join(f"{k.replace('_size_in_bytes', '')}={v:.1f}" for k, v in jax_r["xla_mb"].items()))
+  print(f"ratio jax/torch tokens/s: {torch_r['seconds'] / jax_r['seconds']:.2f}")
+
+
+def qwen3_5_preset(name: str) -> dict:
+  """Random Qwen3.5 configs: `1.9b` (Qwen3.5 vocab, 3:1 DeltaNet:attention) and `tiny`."""
+  if name == "tiny":
+    return tiny_config("qwen3_5", 4)
+  layers = 24
+  return dict(model_type="qwen3_5_text", vocab_size=248320, hidden_size=2048,
+              intermediate_size=6144, num_hidden_layers=layers,
+              layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                           for i in range(layers)],
+              num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+              linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+              linear_num_key_heads=16, linear_num_value_heads=16,
+              rope_parameters={"rope_type": "default", "rope_theta": 1e7,
+                               "partial_rotary_factor": 0.25},
+              max_position_embeddings=32768, tie_word_embeddings=True)
+
+
+def mfu(args) -> None:
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from bat_jax import grpo
+  from bat_jax.model import ModelConfig, build_model
+
+  hf_dict = qwen3_5_preset(args.preset)
+  cfg = ModelConfig.from_hf_dict(hf_dict, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+  model = build_model(cfg, rngs=nnx.Rngs(0))
+  graphdef, params, rest = grpo.split_model(model)
+  n_params = sum(x.size for x in jax.tree.leaves(params))
+  n_embed = cfg.vocab_size * cfg.hidden_size
+  # Matmul params per token: everything but the embedding gather, plus the unembedding.
+  n_matmul = n_params - n_embed + n_embed
+  n_attn = sum(t == "full_attention" for t in cfg.layer_types)
+  attn_flops = 6 * n_attn * cfg.num_attention_heads * cfg.head_dim * args.seq  # causal ~ T/2
+  flops_per_token = 6 * n_matmul + attn_flops
+  optimizer = grpo.make_optimizer(grpo.OptimizerConfig(learning_rate=LR))
+  step_fn = grpo.build_step_fn(
+      graphdef, grpo.grpo_loss_fn(grpo.GrpoConfig(kl_coef=KL_COEF, logprob_chunk_size=args.chunk,
+                                                  temperature=TEMPERATURE)),
+      optimizer, grpo.StepConfig(num_micro_batches=args.micro, remat_policy=args.remat))
+  batch = jax.device_put(grpo_batch(args.batch, args.seq, cfg.vocab_size))
+  frozen = {"rest": rest, "ref_params": None}
+  state = grpo.init_train_state(params, optimizer, seed=0)
+  compiled = grpo.compile_step(grpo.make_train_step(step_fn), state, batch, frozen)
+  holder = {"state": state}
+
+  def step():
+    holder["state"], metrics = compiled(holder["state"], batch, frozen)
+    return jax.block_until_ready(metrics)
+
+  seconds = time_it(step, args.iters)
+  tokens = args.batch * args.seq
+  achieved = flops_per_token * tokens / seconds
+  stats = jax.devices()[0].memory_stats() or {}
+  print(f"preset={args.preset} params={n_params / 1e9:.2f}B batch={args.batch} seq={args.seq} "
+        f"micro={args.micro} remat={args.remat} device={jax.devices()[0].device_kind}")
+  print("XLA memory (GB): " + ", ".join(f"{k.replace('_size_in_bytes', '')}={v / 2**30:.2f}"
+                                          for k, v in grpo.memory_report(compiled).items()))
+  if "peak_bytes_in_use" in stats:
+    print(f"device peak bytes in use: {stats['peak_bytes_in_use'] / 2**30:.2f} GB")
+  print(f"step {seconds:.3f} s  {tokens / seconds:.0f} tokens/s  {achieved / 1e12:.1f} TFLOP/s")
+  print(f"MFU: {achieved / (args.peak_tflops * 1e12):.3f}")
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--mode", choices=["compare", "mfu"], default="compare")
+  parser.add_argument("--family", choices=["qwen3", "qwen3_5"], default="qwen3_5")
+  parser.add_argument("--preset", choices=["tiny", "1.9b"], default="1.9b")
+  parser.add_argument("--layers", type=int, default=4)
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--seq", type=int, default=256)
+  parser.add_argument("--micro", type=int, default=1)
+  parser.add_argument("--chunk", type=int, default=128)
+  parser.add_argument("--remat", default="full")
+  parser.add_argument("--iters", type=int, default=3)
+  parser.add_argument("--peak_tflops", type=float, default=989.0)
+  args = parser.parse_args()
+  compare(args) if args.mode == "compare" else mfu(args)
+
+
+if __name__ == "__main__":
+  main()

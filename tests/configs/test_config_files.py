@@ -1,0 +1,259 @@
+"""The config tree: loads, is locked, validates, and bat4b/bat9b carry the released recipe."""
+
+import json
+import pathlib
+
+import pytest
+import transformers
+from absl import flags
+from ml_collections import config_flags
+
+from bat_jax import curriculum, gate, workflow
+from bat_jax.config_validation import ConfigError, validate_config
+from configs import base, bat4b, bat9b, tiny, tiny_sweeps
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# An unchanged copy of the public BaT release's bat-reference.json (MIT; see the header of
+# /work/shared/reference/README.md), kept here so the test runs on a clean checkout.
+REFERENCE = json.loads((pathlib.Path(__file__).with_name("bat-reference.json")).read_text())
+
+RUNNABLE = {
+    "tiny": lambda: tiny.get_config(),
+    "tiny:smoke": lambda: tiny.get_config("smoke"),
+    "bat4b": lambda: bat4b.get_config(),
+    "bat9b": lambda: bat9b.get_config("ckpt=/data/qwen9b,hosts=2"),
+}
+
+
+def parse_flags(*args: str):
+  """A tiny absl entry point: what `launch.py` does with its argv."""
+  argv = ["launch.py", *args]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "run config", flag_values=values,
+                                  lock_config=True, sys_argv=argv)
+  values(argv)
+  return values.config
+
+
+@pytest.mark.parametrize("name", sorted(RUNNABLE))
+def test_configs_load_locked_and_valid(name):
+  cfg = RUNNABLE[name]()
+  assert cfg.is_locked
+  with pytest.raises(AttributeError, match="cannot be added since the config is locked"):
+    cfg.grpo.learning_rate = 1e-6
+  validate_config(cfg)
+
+
+def test_base_alone_names_the_missing_checkpoint():
+  with pytest.raises(ConfigError, match=r"config\.model\.path: a pretrained model needs"):
+    validate_config(base.get_config())
+
+
+def test_overrides_through_absl_flags():
+  cfg = parse_flags(f"--config={ROOT / 'configs/tiny.py'}:smoke", "--config.grpo.lr=2e-6",
+                    "--config.curriculum.mode=softmin", "--config.rollout.sglang.urls=('u',)")
+  assert cfg.grpo.lr == 2e-6 and cfg.curriculum.mode == "softmin"
+  assert cfg.rollout.sglang.urls == ("u",) and cfg.sft.steps == 4      # `smoke` applied
+  validate_config(cfg)
+
+
+def test_misspelt_override_fails_naming_the_field():
+  with pytest.raises(AttributeError, match='Did you mean "lr" instead of "lrr"'):
+    parse_flags(f"--config={ROOT / 'configs/tiny.py'}", "--config.grpo.lrr=2e-6")
+  with pytest.raises(flags.IllegalFlagValueError, match="config.grpo.steps_per_round"):
+    parse_flags(f"--config={ROOT / 'configs/tiny.py'}", "--config.grpo.steps_per_round=many")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.curriculum.mode=argminn", "config.curriculum.mode: unknown mode 'argminn'"),
+    ("--config.grpo.advantage.mode=ppo", "config.grpo.advantage.mode: 'ppo' is not one of"),
+    ("--config.rollout.engine=vllm", "config.rollout.engine: 'vllm' is not one of"),
+    ("--config.evaluator.tier=hard", "config.evaluator.tier: 'hard' is not one of"),
+    ("--config.evaluator.kind=external", "config.evaluator.external.argv: must be a non-empty"),
+    ("--config.gate.max_task_drop=-0.1", "config.gate.max_task_drop: must be a finite number"),
+    ("--config.grpo.group_size=1", "config.grpo.group_size: must be >= 2"),
+    ("--config.grpo.micro_batches=3", "config.grpo.micro_batches: 3 does not divide the 16"),
+    ("--config.rollout.limits.max_tool_calls=30", "config.rollout.limits.max_tool_calls: 30"),
+    ("--config.mesh.fsdp=0", "config.mesh.fsdp: must be -1"),
+    ("--config.rollout.sampling.top_p=1.5", "config.rollout.sampling: "),
+    ("--config.rollout.sampling.temperature=0", "config.rollout.sampling.temperature: must be"),
+    ("--config.rollout.limits.max_observation_chars=0", "config.rollout.limits: "),
+    ("--config.sandbox.memory_mb=0", "config.sandbox: SandboxLimits.memory_mb must be"),
+    ("--config.rollout.jax.max_len=1024", "config.rollout.jax.max_len: 1024 is below"),
+    ("--config.sharding.rules=(('embed','fsdpp'),)",
+     "config.sharding.rules[0]: 'embed' maps to unknown mesh axes ['fsdpp']"),
+    ("--config.grpo.loss_agg=token-sum", "config.grpo: unknown loss_agg 'token-sum'"),
+    ("--config.model.source=pretrained", "config.model.path: a pretrained model needs"),
+    ("--config.model.hf_config.num_hidden_layers=3",
+     "config.model.hf_config.layer_types: has 4 entries but num_hidden_layers = 3"),
+])
+def test_bad_values_fail_validation_naming_the_field(override, message):
+  cfg = parse_flags(f"--config={ROOT / 'configs/tiny.py'}", override)
+  with pytest.raises(ConfigError) as error:
+    validate_config(cfg)
+  assert message in str(error.value)
+
+
+def test_vocab_size_follows_the_tokenizer_override():
+  cfg = parse_flags(f"--config={ROOT / 'configs/tiny.py'}",
+                    "--config.tokenizer.train.vocab_size=777")
+  assert cfg.model.hf_config.vocab_size == 777
+
+
+def test_unlinked_model_vocab_smaller_than_tokenizer_is_named():
+  cfg = base.base_config()
+  cfg.model.source, cfg.tokenizer.source = "scratch", "train"
+  cfg.model.hf_config = tiny.tiny_qwen3_5_text(vocab_size=256)
+  cfg.tokenizer.train.vocab_size = 1024
+  with pytest.raises(ConfigError, match="config.model.hf_config.vocab_size: 256 is smaller"):
+    validate_config(cfg)
+
+
+def test_config_argument_errors_name_the_key():
+  with pytest.raises(ValueError, match="config argument: unknown key 'smok'"):
+    tiny.get_config("smok")
+  with pytest.raises(ValueError, match="config argument 'rounds': cannot read 'x' as int"):
+    tiny.get_config("rounds=x")
+  assert tiny.get_config("rounds=5,mode=uniform").grpo.rounds == 5
+
+
+def test_tiny_is_a_small_hybrid_qwen3_5_from_scratch():
+  cfg = tiny.get_config()
+  hf = cfg.model.hf_config.to_dict()
+  assert cfg.model.source == "scratch" and cfg.tokenizer.source == "train"
+  assert hf["model_type"] == "qwen3_5_text"
+  assert set(hf["layer_types"]) == {"linear_attention", "full_attention"}
+  assert cfg.rollout.engine == "jax" and cfg.distributed.enabled is False
+  # Every field is a real Qwen3.5 text config field (HF would silently keep a misspelt one).
+  known = set(transformers.Qwen3_5TextConfig().to_dict())
+  assert set(hf) <= known, set(hf) - known
+  hf_cfg = transformers.Qwen3_5TextConfig(**{**hf, "layer_types": list(hf["layer_types"])})
+  assert hf_cfg.hidden_size == 64 and hf_cfg.layer_types[1] == "full_attention"
+
+
+def test_gpu_configs_use_local_checkpoints_sglang_and_an_8_gpu_mesh():
+  for module, size in ((bat4b, "4B"), (bat9b, "9B")):
+    cfg = module.get_config()
+    assert cfg.model.path == f"/models/Qwen3.5-{size}" == cfg.tokenizer.path
+    assert cfg.model.source == "pretrained" and len(cfg.model.hf_config) == 0
+    assert cfg.rollout.engine == "sglang"
+    assert (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor) == (-1, 8, 1)
+    assert cfg.distributed.enabled is False
+  multi = bat9b.get_config("hosts=4")
+  assert multi.distributed.enabled and multi.distributed.num_processes == 4
+
+
+@pytest.mark.parametrize("module", [bat4b, bat9b], ids=["bat4b", "bat9b"])
+def test_gpu_configs_match_the_reference_recipe(module):
+  cfg = module.get_config()
+  train = REFERENCE["training"]
+  sft, grpo, turns = train["cold_start_sft"], train["grpo"], train["multi_turn"]
+
+  assert cfg.model.dtype == {"bf16": "bfloat16"}[sft["precision"]]
+  assert cfg.sft.max_seq_len == sft["max_sequence_tokens"]
+  assert cfg.sft.global_batch_size == sft["global_batch_size"]
+  assert cfg.sft.micro_batches == sft["gradient_accumulation_steps"]
+  # 8 GPUs x per-device batch x accumulation = global batch.
+  assert 8 * sft["per_device_batch_size"] * cfg.sft.micro_batches == cfg.sft.global_batch_size
+  assert cfg.sft.lr == sft["learning_rate"]
+  assert cfg.sft.steps == sft["max_steps"]
+  assert cfg.sft.validation_fraction == sft["validation_fraction"]
+  assert cfg.sft.max_validation_examples == sft["max_validation_examples"]
+  assert cfg.sft.checkpoint.every == sft["checkpoint_interval_steps"]
+  assert cfg.sft.checkpoint.keep == sft["checkpoint_retention"]
+
+  assert cfg.grpo.rounds == grpo["reference_rounds"]
+  assert cfg.grpo.steps_per_round == grpo["steps_per_round"]
+  assert cfg.grpo.prompt_groups == grpo["prompt_groups_per_batch"]
+  assert cfg.grpo.group_size == grpo["continuations_per_state"]
+  assert cfg.grpo.lr == grpo["learning_rate"]
+  assert cfg.grpo.kl_coef == grpo["actor_kl_loss_coefficient"]
+  assert grpo["use_kl_in_reward"] is False    # the code has no KL-in-reward path at all
+  assert cfg.grpo.advantage.std_normalize == grpo["normalize_advantage_by_std"]
+  assert {"seq-mean-token-mean": "sequence_mean_then_token_mean"}[cfg.grpo.loss_agg] == (
+      grpo["loss_aggregation"])
+  assert cfg.rollout.sampling.temperature == grpo["sampling_temperature"]
+  assert cfg.grpo.checkpoint.every == grpo["checkpoint_interval_steps"]
+  assert cfg.grpo.checkpoint.keep == grpo["checkpoint_retention"]
+  topology = grpo["reference_eight_gpu_topology"]
+  assert cfg.rollout.sglang.tp_size == topology["rollout_tensor_parallel_size"]
+  assert cfg.rollout.sglang.dp_size == topology["rollout_replicas"]
+
+  assert cfg.rollout.limits.max_assistant_turns == turns["max_assistant_turns"]
+  assert cfg.rollout.limits.max_tool_calls == turns["max_tool_calls"]
+  assert cfg.rollout.limits.max_tool_calls == turns["max_tool_response_turns"]
+  assert cfg.rollout.limits.max_response_tokens == turns["max_cumulative_response_tokens"]
+  assert cfg.rollout.limits.max_observation_chars == turns["max_tool_observation_characters"]
+
+  view = REFERENCE["data"]["round_view"]
+  assert cfg.curriculum.pool_mix.to_dict() == view["pool_rows_per_batch"]
+  assert sum(cfg.curriculum.pool_mix.to_dict().values()) == view["rows_per_batch"]
+  assert cfg.stagebank.n_batches == view["complete_batches"]
+  assert cfg.stagebank.n_batches * view["rows_per_batch"] == view["rows"]
+
+  ref_gate = REFERENCE["promotion_gate"]
+  assert cfg.gate.max_overall_drop == ref_gate["maximum_overall_drop"]
+  assert cfg.gate.max_task_drop == ref_gate["maximum_task_drop"]
+  assert cfg.gate.max_track_drop == ref_gate["maximum_per_track_drop"]
+  assert cfg.gate.max_stage_drop == ref_gate["maximum_s3_s5_stage_drop"]
+  assert cfg.gate.guarded_stages == ("S3", "S4", "S5")
+  assert cfg.gate.catastrophic_overall_drop == ref_gate["catastrophic_overall_drop"]
+  assert gate.GateThresholds.from_config(cfg.gate) == gate.GateThresholds()
+
+  selection = REFERENCE["target_selection"]
+  assert cfg.curriculum.mode == "argmin"
+  assert tuple(selection["stage_order"]) == workflow.STAGES
+  # The configured curriculum applies the release's pool mix.
+  pool, _ = curriculum.weights({"S1": 0.5}, None, True,
+                               curriculum.CurriculumConfig.from_config(cfg.curriculum))
+  assert pool == {p: n / view["rows_per_batch"] for p, n in view["pool_rows_per_batch"].items()}
+  assert {s["id"]: s["agentic_weight"] for s in REFERENCE["stages"]} == dict(
+      workflow.STAGE_WEIGHTS)
+
+
+@pytest.mark.parametrize("sweep", sorted(tiny_sweeps.SWEEPS))
+def test_sweeps_apply_to_tiny_and_validate(sweep):
+  variants = tiny_sweeps.get_sweep(sweep)
+  assert len({label for label, _ in variants}) == len(variants) >= 2
+  steps = set()
+  for _, overrides in variants:
+    cfg = tiny_sweeps.apply_overrides(tiny.get_config(), overrides)
+    validate_config(cfg)
+    assert cfg.is_locked
+    for path, value in overrides.items():
+      node = cfg
+      for part in path.split("."):
+        node = node[part]
+      assert node == value
+    steps.add((cfg.grpo.rounds, cfg.grpo.steps_per_round,
+               cfg.grpo.prompt_groups * cfg.grpo.group_size))
+  assert len(steps) == 1      # every variant trains on the same number of trajectories
+
+
+def test_curriculum_sweep_covers_every_mode_and_bad_paths_fail():
+  modes = {o["curriculum.mode"] for _, o in tiny_sweeps.get_sweep("curriculum_mode")}
+  assert modes == set(curriculum.MODES)
+  with pytest.raises(KeyError, match="lrr"):
+    tiny_sweeps.apply_overrides(tiny.get_config(), {"grpo.lrr": 1.0})
+  with pytest.raises(ValueError, match="unknown sweep 'modes'"):
+    tiny_sweeps.get_sweep("modes")
+
+
+def test_tiny_model_builds_and_every_param_axis_has_a_sharding_rule():
+  import jax
+  from flax import nnx
+
+  from bat_jax import sharding
+  from bat_jax.model import ModelConfig, build_model
+
+  cfg = tiny.get_config("smoke")
+  model_cfg = ModelConfig.from_hf_dict(cfg.model.hf_config.to_dict(), dtype=cfg.model.dtype,
+                                       param_dtype=cfg.model.param_dtype)
+  assert model_cfg.vocab_size == cfg.tokenizer.train.vocab_size
+  model = build_model(model_cfg, rngs=nnx.Rngs(0))      # tiny: 64 wide, 4 layers
+  mesh = sharding.make_mesh(data=-1, fsdp=8, tensor=cfg.mesh.tensor)   # 8 fake CPU devices
+  # Raises KeyError naming any logical axis that the config's rules do not cover.
+  shardings = sharding.model_shardings(model, mesh, cfg.sharding.rules)
+  specs = [s.spec for s in jax.tree.leaves(shardings)]
+  assert len(specs) > 10
+  assert any("fsdp" in str(spec) for spec in specs)    # params really are FSDP-sharded

@@ -1,0 +1,159 @@
+"""policy_loss against an independent NumPy reference, for every mode; gradients; invariants."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bat_jax.grpo import KL_ESTIMATORS, LOSS_AGGREGATIONS, policy_loss
+
+
+def reference_loss(xp, logp, old_logp, adv, mask, ref_logp, *, clip_low, clip_high, dual_clip,
+                   kl_coef, kl_estimator, loss_agg, sampler_logp=None, tis_cap=None):
+  """Written case by case (A>=0 / A<0) rather than with the max-of-two form under test."""
+  ratio = xp.exp(logp - old_logp)
+  a = adv[:, None]
+  pos = -a * xp.minimum(ratio, 1.0 + clip_high)
+  neg = -a * xp.maximum(ratio, 1.0 - clip_low)
+  if dual_clip is not None:
+    neg = xp.minimum(neg, -a * dual_clip)
+  per_token = xp.where(a >= 0, pos, neg)
+  if tis_cap is not None:
+    per_token = per_token * xp.minimum(xp.exp(old_logp - sampler_logp), tis_cap)
+  if kl_coef:
+    d = logp - ref_logp
+    kl = {"k1": d, "k2": 0.5 * d * d, "k3": xp.exp(-d) + d - 1.0}[kl_estimator]
+    per_token = per_token + kl_coef * kl
+  masked = per_token * mask
+  b, t = mask.shape
+  if loss_agg == "token-mean":
+    return masked.sum() / mask.sum()
+  rows = [i for i in range(b) if float(mask[i].sum()) > 0]
+  if loss_agg == "seq-mean-token-mean":
+    return sum(masked[i].sum() / mask[i].sum() for i in rows) / len(rows)
+  if loss_agg == "seq-mean-token-sum":
+    return sum(masked[i].sum() for i in rows) / len(rows)
+  assert loss_agg == "seq-mean-token-sum-norm"
+  return masked.sum() / (b * t)
+
+
+def random_inputs(seed, b=6, t=9):
+  rng = np.random.default_rng(seed)
+  logp = rng.normal(-1.5, 0.5, (b, t)).astype(np.float32)
+  old = (logp + rng.normal(0, 0.4, (b, t))).astype(np.float32)  # ratios well outside the clip
+  ref = (logp + rng.normal(0, 0.3, (b, t))).astype(np.float32)
+  sampler = (old + rng.normal(0, 0.2, (b, t))).astype(np.float32)
+  adv = rng.normal(size=b).astype(np.float32)
+  mask = (rng.uniform(size=(b, t)) < 0.7).astype(np.float32)
+  mask[0, :] = 0.0  # an empty row: not counted as a sequence
+  mask[1, 0] = 1.0
+  return logp, old, adv, mask, ref, sampler
+
+
+CASES = [dict(loss_agg=agg, kl_estimator=kl, kl_coef=kc, dual_clip=dc, tis_cap=tc)
+         for agg, kl, kc, dc, tc in itertools.product(
+             sorted(LOSS_AGGREGATIONS), sorted(KL_ESTIMATORS), [0.0, 0.1], [None, 3.0],
+             [None, 1.5])
+         if not (kc == 0.0 and kl != "k3")]  # the estimator only matters when KL is on
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{v}" for v in c.values()))
+def test_matches_numpy_reference_and_grad(case):
+  logp, old, adv, mask, ref, sampler = random_inputs(hash(str(case)) % 1000)
+  kw = dict(clip_low=0.2, clip_high=0.28, **case)
+  sampler_arg = sampler if case["tis_cap"] else None
+  loss, metrics = policy_loss(logp, old, adv, mask, ref_logp=ref, sampler_logp=sampler_arg, **kw)
+  want = reference_loss(np, logp.astype(np.float64), old, adv, mask, ref,
+                        sampler_logp=sampler_arg, **kw)
+  np.testing.assert_allclose(float(loss), want, rtol=2e-5, atol=1e-6)
+  np.testing.assert_allclose(float(metrics["loss_sum"] / metrics["loss_denominator"]), want,
+                             rtol=2e-5, atol=1e-6)
+  grad = jax.grad(lambda lp: policy_loss(lp, old, adv, mask, ref_logp=ref,
+                                         sampler_logp=sampler_arg, **kw)[0])(jnp.asarray(logp))
+  want_grad = jax.grad(lambda lp: reference_loss(jnp, lp, old, adv, mask, ref,
+                                                 sampler_logp=sampler_arg, **kw))(
+                                                     jnp.asarray(logp))
+  np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-4, atol=1e-7)
+  assert np.all(np.asarray(grad)[mask == 0] == 0.0)
+
+
+def test_grad_matches_finite_differences():
+  logp, old, adv, mask, ref, _ = random_inputs(7)
+  f = lambda lp: policy_loss(lp, old, adv, mask, ref_logp=ref, kl_coef=0.1)[0]
+  grad = np.asarray(jax.grad(f)(jnp.asarray(logp)))
+  h = 1e-2
+  for i, j in [(1, 0), (2, 3), (4, 5), (5, 8)]:
+    if mask[i, j] == 0:
+      continue
+    up, down = logp.copy(), logp.copy()
+    up[i, j] += h
+    down[i, j] -= h
+    fd = (float(f(up)) - float(f(down))) / (2 * h)
+    np.testing.assert_allclose(grad[i, j], fd, rtol=2e-2, atol=2e-4)
+
+
+@pytest.mark.parametrize("loss_agg", sorted(LOSS_AGGREGATIONS))
+def test_zero_advantages_give_zero_policy_gradient(loss_agg):
+  logp, old, _, mask, _, _ = random_inputs(3)
+  grad = jax.grad(lambda lp: policy_loss(lp, old, jnp.zeros(6), mask, loss_agg=loss_agg)[0])(
+      jnp.asarray(logp))
+  assert np.all(np.asarray(grad) == 0.0)
+
+
+@pytest.mark.parametrize("loss_agg", sorted(LOSS_AGGREGATIONS))
+def test_on_policy_no_kl_loss_is_minus_aggregated_advantage(loss_agg):
+  logp, _, adv, mask, _, _ = random_inputs(4)
+  loss, metrics = policy_loss(logp, logp, adv, mask, loss_agg=loss_agg)
+  adv_tokens = np.broadcast_to(adv[:, None], mask.shape)
+  # Aggregate the advantage itself with the same mode.
+  masked = adv_tokens * mask
+  rows = [i for i in range(6) if mask[i].sum() > 0]
+  want = {"token-mean": masked.sum() / mask.sum(),
+          "seq-mean-token-mean": np.mean([masked[i].sum() / mask[i].sum() for i in rows]),
+          "seq-mean-token-sum": np.mean([masked[i].sum() for i in rows]),
+          "seq-mean-token-sum-norm": masked.sum() / mask.size}[loss_agg]
+  np.testing.assert_allclose(float(loss), -want, rtol=1e-5, atol=1e-6)
+  assert float(metrics["clip_frac"]) == 0.0
+  np.testing.assert_allclose(float(metrics["ratio"]), 1.0, rtol=1e-6)
+
+
+def test_metrics():
+  logp, old, adv, mask, ref, sampler = random_inputs(5)
+  _, m = policy_loss(logp, old, adv, mask, ref_logp=ref, sampler_logp=sampler, kl_coef=0.1,
+                     kl_estimator="k1")
+  sel = mask > 0
+  ratio = np.exp(logp - old)[sel]
+  np.testing.assert_allclose(float(m["ratio"]), ratio.mean(), rtol=1e-5)
+  np.testing.assert_allclose(float(m["ratio_max"]), ratio.max(), rtol=1e-5)
+  np.testing.assert_allclose(float(m["kl"]), (logp - ref)[sel].mean(), rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(float(m["sampler_gap"]), np.abs(old - sampler)[sel].mean(),
+                             rtol=1e-5)
+  a = np.broadcast_to(adv[:, None], mask.shape)[sel]
+  clipped = ((a > 0) & (ratio > 1.2)) | ((a < 0) & (ratio < 0.8))
+  np.testing.assert_allclose(float(m["clip_frac"]), clipped.mean(), rtol=1e-6)
+  assert float(m["tokens"]) == mask.sum() and float(m["sequences"]) == 5.0
+
+
+def test_bad_inputs():
+  logp, old, adv, mask, ref, _ = random_inputs(6)
+  with pytest.raises(ValueError, match="unknown loss_agg 'mean'.*token-mean"):
+    policy_loss(logp, old, adv, mask, loss_agg="mean")
+  with pytest.raises(ValueError, match="unknown kl_estimator 'k4'.*k1"):
+    policy_loss(logp, old, adv, mask, kl_coef=0.1, ref_logp=ref, kl_estimator="k4")
+  with pytest.raises(ValueError, match="old_logp has shape \\(6, 8\\)"):
+    policy_loss(logp, old[:, :8], adv, mask)
+  with pytest.raises(ValueError, match="advantages has shape \\(5,\\)"):
+    policy_loss(logp, old, adv[:5], mask)
+  with pytest.raises(ValueError, match="loss_mask is all zero"):
+    policy_loss(logp, old, adv, np.zeros_like(mask))
+  with pytest.raises(ValueError, match="kl_coef > 0 needs ref_logp"):
+    policy_loss(logp, old, adv, mask, kl_coef=0.1)
+  with pytest.raises(ValueError, match="tis_cap needs sampler_logp"):
+    policy_loss(logp, old, adv, mask, tis_cap=2.0)
+  with pytest.raises(ValueError, match="dual_clip must be > 1"):
+    policy_loss(logp, old, adv, mask, dual_clip=0.5)
+  # Under jit an all-zero mask cannot raise: the loss is a documented 0, never NaN.
+  loss = jax.jit(lambda m: policy_loss(logp, old, adv, m)[0])(np.zeros_like(mask))
+  assert float(loss) == 0.0

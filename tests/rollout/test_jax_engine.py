@@ -1,0 +1,163 @@
+"""The in-process JAX engine: trainer-equal logprobs, greedy == full forwards, sessions, swaps."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from bat_jax.grpo.logprobs import taken_token_logprobs
+from bat_jax.rollout.engine import GenerateRequest, PromptTooLongError, SamplingParams
+from bat_jax.rollout.jax_engine import JaxEngine
+from bat_jax.rollout.sampling import sample_tokens
+from rollout_fixtures import SMALL_ENGINE
+
+CFG = SMALL_ENGINE
+PROMPTS = [[5, 17, 99, 3, 250, 41, 7], [300, 12], list(range(40, 75))]
+
+
+@pytest.fixture(scope="module")
+def engine(model):
+  return JaxEngine(model, CFG)
+
+
+WIDTH = 96  # every reference forward is right padded to this width: one compilation
+
+
+@nnx.jit
+def _trainer_logp(model, ids):
+  return taken_token_logprobs(model, ids, chunk_size=32)[0]
+
+
+@nnx.jit
+def _full_logits(model, ids):
+  return model(ids)
+
+
+def _padded(seqs: list[list[int]]) -> jnp.ndarray:
+  out = np.zeros((len(seqs), WIDTH), np.int32)
+  for i, s in enumerate(seqs):
+    out[i, :len(s)] = s
+  return jnp.asarray(out)
+
+
+def trainer_logprobs(model, seq: list[int]) -> np.ndarray:
+  """The GRPO trainer's quantity for one sequence: [T], column t scores seq[t].
+
+  Right padding cannot change a causal LM's values at earlier positions.
+  """
+  return np.asarray(_trainer_logp(model, _padded([seq]))[0, :len(seq)])
+
+
+def greedy_by_full_forward(model, prompts: list[list[int]], n: int) -> list[list[int]]:
+  """Argmax of repeated full (cache-free) forwards, all prompts batched."""
+  seqs = [list(p) for p in prompts]
+  for _ in range(n):
+    logits = _full_logits(model, _padded(seqs))
+    for i, s in enumerate(seqs):
+      s.append(int(jnp.argmax(logits[i, len(s) - 1])))
+  return [s[len(p):] for s, p in zip(seqs, prompts)]
+
+
+def test_sampled_logprobs_equal_trainer_logprobs(engine, model):
+  requests = [GenerateRequest(p, SamplingParams(max_new_tokens=12, temperature=1.0, top_p=tp))
+              for p, tp in zip(PROMPTS, (1.0, 0.8, 1.0))]
+  for req, c in zip(requests, engine.generate(requests)):
+    assert len(c.output_ids) == 12 and c.finish_reason == "length"
+    seq = list(req.input_ids) + list(c.output_ids)
+    expected = trainer_logprobs(model, seq)[len(req.input_ids):]
+    np.testing.assert_allclose(c.logprobs, expected, atol=1e-4, rtol=0)
+
+
+def test_greedy_cached_generation_equals_full_forward_argmax(engine, model):
+  completions = engine.generate(
+      [GenerateRequest(p, SamplingParams(max_new_tokens=10, temperature=0.0)) for p in PROMPTS])
+  assert [list(c.output_ids) for c in completions] == greedy_by_full_forward(model, PROMPTS, 10)
+  assert len(set(completions[0].output_ids)) > 3  # the fixture model is not degenerate
+
+
+def test_session_continuation_reuses_prefix_and_matches_fresh_prefill(model):
+  engine = JaxEngine(model, CFG)
+  greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+  first = engine.generate([GenerateRequest(PROMPTS[0], greedy, session_id="a")])[0]
+  history = PROMPTS[0] + list(first.output_ids) + [11, 12, 13]   # an observation delta
+  second = engine.generate([GenerateRequest(history, greedy, session_id="a")])[0]
+  assert second.cached_tokens == len(PROMPTS[0]) + len(first.output_ids)
+  engine.flush()
+  fresh = engine.generate([GenerateRequest(history, greedy, session_id="a")])[0]
+  assert fresh.cached_tokens == 0
+  assert second.output_ids == fresh.output_ids
+  np.testing.assert_allclose(second.logprobs, fresh.logprobs, atol=1e-5)
+  np.testing.assert_allclose(
+      second.logprobs, trainer_logprobs(model, history + list(second.output_ids))[len(history):],
+      atol=1e-4)
+
+
+def test_more_requests_than_slots_and_stop_tokens(engine, model):
+  greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+  prompts = [[i + 1, 2 * i + 3, 7] for i in range(CFG.num_slots + 3)]
+  out = engine.generate([GenerateRequest(p, greedy) for p in prompts])
+  assert [list(c.output_ids) for c in out] == greedy_by_full_forward(model, prompts, 8)
+  # Stop on the third greedy token: the output keeps it and ends there.
+  stop = out[0].output_ids[2]
+  first = out[0].output_ids.index(stop)
+  c = engine.generate([GenerateRequest(prompts[0], SamplingParams(
+      max_new_tokens=8, temperature=0.0, stop_token_ids=(stop,)))])[0]
+  assert c.output_ids == out[0].output_ids[:first + 1] and c.finish_reason == "stop"
+
+
+def flipped(model):
+  """A same-shaped model with different weights (every matrix negated)."""
+  other = nnx.clone(model)
+  params = nnx.state(other, nnx.Param)
+  nnx.update(other, jax.tree.map(lambda x: -x if x.ndim >= 2 else x, params))
+  return other
+
+
+def test_update_params_swaps_in_place_and_validates(model):
+  engine = JaxEngine(model, CFG, weight_version="v0")
+  greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+  before = engine.generate([GenerateRequest(PROMPTS[0], greedy, session_id="s")])[0]
+  other = flipped(model)
+  engine.update_params(other, "v1")
+  after = engine.generate([GenerateRequest(PROMPTS[0], greedy, session_id="s")])[0]
+  assert after.weight_version == "v1" and after.cached_tokens == 0  # cache dropped
+  assert after.output_ids != before.output_ids
+  assert list(after.output_ids) == greedy_by_full_forward(other, PROMPTS[:1], 8)[0]
+  wrong = nnx.state(nnx.clone(model))
+  wrong["norm"]["weight"].value = jnp.zeros((3,))
+  with pytest.raises(ValueError, match=r"\['norm'\]\['weight'\].*does not match the served"):
+    engine.update_params(wrong, "bad")
+  assert engine.weight_version == "v1"
+
+
+def test_bad_prompts_are_refused_with_the_field_named(engine, tokenizer):
+  with pytest.raises(PromptTooLongError, match=r"requests\[0\].input_ids has 96 tokens"):
+    engine.generate([GenerateRequest([1] * CFG.max_len)])
+  with pytest.raises(ValueError, match="outside"):
+    engine.generate([GenerateRequest([len(tokenizer) + 5])])
+  with pytest.raises(ValueError, match="is empty"):
+    engine.generate([GenerateRequest([])])
+  with pytest.raises(ValueError, match="sampling_params.top_p"):
+    SamplingParams(top_p=0.0)
+
+
+def test_generation_budget_is_capped_by_max_len(engine):
+  c = engine.generate([GenerateRequest([3] * (CFG.max_len - 4),
+                                       SamplingParams(max_new_tokens=50, temperature=0.0))])[0]
+  assert len(c.output_ids) == 4 and c.finish_reason == "length"
+
+
+def test_sampler_respects_top_k_top_p_and_greedy():
+  logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]] * 4, jnp.float32))
+  draws = jax.vmap(lambda k: sample_tokens(
+      logits, k, temperature=jnp.array([1.0, 1.0, 0.0, 1.0]), top_p=jnp.array([1.0, 0.6, 1.0, 1.0]),
+      top_k=jnp.array([2, -1, -1, -1])))(jax.random.split(jax.random.key(0), 400))
+  draws = np.asarray(draws)                        # [400, 4]
+  assert set(draws[:, 0]) == {0, 1}                 # top-k 2
+  assert set(draws[:, 1]) == {0, 1}                 # top-p 0.6 keeps 0.5 + 0.3
+  assert set(draws[:, 2]) == {0}                    # greedy
+  assert set(draws[:, 3]) == {0, 1, 2, 3}           # untruncated
+  assert abs((draws[:, 3] == 0).mean() - 0.5) < 0.1

@@ -1,0 +1,72 @@
+"""A round built from the real training task families: clean, and free of hidden answers."""
+
+import json
+
+import pytest
+
+from bat_jax import markers
+from bat_jax import tasks
+from bat_jax import workflow
+from bat_jax.stagebank import build
+from bat_jax.stagebank import leakcheck
+from bat_jax.stagebank import rounds
+from bat_jax.stagebank import task_source
+
+# 3 batches = 12 S-target + 6 S-mix + 6 E2E rows, spread over tracks and outcomes.
+SPEC = rounds.RoundSpec(0, rounds.RoundWeights.for_target("S4"), seed=1, n_batches=3)
+
+
+@pytest.fixture(scope="module")
+def built():
+  checker = leakcheck.LeakChecker(markers.MarkerMatcher(markers.export_markers(
+      ["heldout-case-0042"], salt="s")))
+  return build.build_round(SPEC, task_source.TasksPackageSource(), checker)
+
+
+def test_real_round_passes_the_leak_check(built):
+  assert built.receipt.passed and built.receipt.rows_checked == 24
+
+
+def test_rows_hold_no_hidden_answers_and_rebuild_from_their_recipe(built):
+  for rows in built.pools.values():
+    for row in rows:
+      recipe = row["extra_info"]["workspace_recipe"]
+      instance = tasks.FAMILIES[recipe["track"]].generate(recipe["seed"], recipe["outcome"])
+      prov = row["extra_info"]["provenance"]
+      assert prov["source_digest"] == task_source.files_digest(instance.files)
+      assert prov["task_id"] == instance.task_id
+      blob = json.dumps(row)
+      hidden = instance.hidden
+      secrets = list(hidden["case_ids"]) + [hidden["weights"]]
+      if hidden["fault"]:
+        secrets += [hidden["fault"], str(hidden["fault_subject"])]
+      for secret in secrets:
+        assert secret not in blob, (secret, recipe)
+      assert row["prompt"][1]["content"] == tasks.brief_for(instance, recipe["boundary_stage"])
+
+
+def test_every_expert_action_passes_the_leak_check():
+  checker = leakcheck.LeakChecker(markers.MarkerMatcher(markers.empty_export()))
+  n = 0
+  for track in workflow.TRACKS:
+    for outcome in workflow.OUTCOMES:
+      instance = tasks.FAMILIES[track].generate(3, outcome)
+      for stage in workflow.STAGES:
+        for action in tasks.expert_actions(instance, stage):
+          assert checker.check_row(action) == [], (track, outcome, stage, action)
+          n += 1
+  assert n > 100
+
+
+def test_materialize_row_rebuilds_the_boundary_workspace(built, tmp_path, require_bwrap):
+  row = next(r for r in built.pools["s_target"] if r["extra_info"]["target_stage"] == "S4")
+  instance, sandbox = task_source.materialize_row(row, tmp_path / "ws")
+  assert instance.task_id == row["extra_info"]["provenance"]["task_id"]
+  for stage in ("S1", "S2", "S3"):  # handoff artifacts of the earlier stages are present
+    for d in workflow.STAGE_DIRS[stage]:
+      assert (sandbox.workspace / d).is_dir(), d
+  assert sandbox.evidence == []  # a fresh log for the agent
+  tampered = json.loads(json.dumps(row))
+  tampered["extra_info"]["provenance"]["source_digest"] = "0" * 64
+  with pytest.raises(ValueError, match=row["extra_info"]["state_id"]):
+    task_source.instance_for(tampered)

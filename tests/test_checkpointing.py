@@ -1,0 +1,82 @@
+"""Orbax checkpoints: full round trip, retention, atomic latest, errors, HF export."""
+
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from bat_jax.checkpointing import Checkpointer, export_hf
+from bat_jax.grpo import OptimizerConfig, init_train_state, make_optimizer, split_model
+from bat_jax.model import load_pretrained
+
+sys.path.insert(0, str(Path(__file__).parent / "grpo"))
+from policy_fixtures import tiny_model  # noqa: E402
+
+OUTER = {"round": 3, "target": "S3", "curriculum_history": [{"round": 2, "weights": [0.5, 0.5]}],
+         "baseline_scores": {"S1": 0.4, "S3": None}, "promotions": ["pass", "hold"]}
+
+
+def _state(seed: int):
+  _, params, _ = split_model(tiny_model(seed))
+  optimizer = make_optimizer(OptimizerConfig())
+  state = init_train_state(params, optimizer, seed=seed)
+  # Non-trivial optimizer moments, step and counters, so a mix-up would show.
+  grads = jax.tree.map(lambda p: p * 0.5, params)
+  _, opt_state = optimizer.update(grads, state.opt_state, params)
+  return state.replace(opt_state=opt_state, step=state.step + 7, skipped=state.skipped + 2)
+
+
+def test_round_trip_of_everything(tmp_path):
+  state = _state(0)
+  with Checkpointer(tmp_path / "ckpt", max_to_keep=2) as ckpt:
+    ckpt.save(7, state, data_state={"next_index": 41}, outer_state=OUTER)
+    ckpt.save(8, state, data_state=b"\x00grain-bytes\xff", outer_state=None)
+  template = _state(1)
+  with Checkpointer(tmp_path / "ckpt") as ckpt:
+    restored = ckpt.restore(template, step=7)
+    assert restored.step == 7 and restored.data_state == {"next_index": 41}
+    assert restored.outer_state == OUTER
+    assert jax.tree.structure(restored.state) == jax.tree.structure(state)
+    for got, want in zip(jax.tree.leaves(restored.state), jax.tree.leaves(state)):
+      np.testing.assert_array_equal(got, want)
+    latest = ckpt.restore(template)
+    assert latest.step == 8 and latest.data_state == b"\x00grain-bytes\xff"
+
+
+def test_keeps_last_n_and_ignores_uncommitted_steps(tmp_path):
+  state = _state(0)
+  with Checkpointer(tmp_path, max_to_keep=3) as ckpt:
+    for step in range(1, 6):
+      ckpt.save(step, state.replace(step=state.step * 0 + step))
+    ckpt.wait()
+    assert ckpt.all_steps() == [3, 4, 5]
+  # What a crash mid-save leaves behind: orbax's temporary directory for step 6.
+  (tmp_path / "6.orbax-checkpoint-tmp-123").mkdir()
+  with Checkpointer(tmp_path, max_to_keep=3) as ckpt:
+    assert ckpt.latest_step() == 5
+    assert int(ckpt.restore(state).state.step) == 5
+    with pytest.raises(FileNotFoundError, match="no committed checkpoint step 6 under .*\\[3, 4, 5\\]"):
+      ckpt.restore(state, step=6)
+  with pytest.raises(FileNotFoundError, match="no committed checkpoint step None"):
+    Checkpointer(tmp_path / "empty").restore(state)
+  with pytest.raises(ValueError, match="max_to_keep must be >= 1"):
+    Checkpointer(tmp_path / "x", max_to_keep=0)
+
+
+def test_export_hf_writes_trained_params_atomically(tmp_path):
+  model = tiny_model(0)
+  trained = _state(3).params  # different weights than the module's own
+  out = export_hf(model, tmp_path / "hf", params=trained)
+  loaded = load_pretrained(out)
+  _, loaded_params, _ = split_model(loaded)
+  for got, want in zip(jax.tree.leaves(loaded_params), jax.tree.leaves(trained)):
+    np.testing.assert_array_equal(got, want)
+  # Re-export over the old directory: replaced whole, no staging leftovers.
+  export_hf(model, out)
+  _, params, _ = split_model(load_pretrained(out))
+  _, own, _ = split_model(model)
+  for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(own)):
+    np.testing.assert_array_equal(got, want)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]

@@ -1,0 +1,140 @@
+"""Cold-start SFT: target-only mask, masked NLL, input errors, and SIGKILL -> resume bit-identity."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bat_jax.model import tokenizer as tk
+from bat_jax.sft import SftConfig, drop_too_long, pad_example, sft_dataset, sft_loss_fn
+
+FIXTURES = Path(__file__).parent / "grpo"
+sys.path.insert(0, str(FIXTURES))
+from policy_fixtures import tiny_model  # noqa: E402
+
+
+def _action(code: str, thought: str) -> dict:
+  return {"name": "execute_code", "arguments": {"language": "python", "code": code},
+          "thought": thought}
+
+
+def test_sft_mask_covers_only_the_target_action(tmp_path):
+  tok = tk.load_tokenizer(tk.train_tokenizer(tk.tiny_corpus(60), 400, tmp_path / "tok"))
+  fmt = tk.ChatFormat.for_model("qwen3", tok)
+  earlier = _action("print(1)", "look first")
+  target = _action("print(sorted(__import__('os').listdir('.')))", "list the workspace")
+  messages = [{"role": "system", "content": "Work through the staged task."},
+              {"role": "user", "content": "Prepare the environment."},
+              {"role": "assistant", "action": earlier},
+              {"role": "tool", "content": "exit_code=0\nstdout:1\nstderr:"}]
+  ids, mask = fmt.encode_sft_example(messages, target)
+  ids, mask = np.asarray(ids), np.asarray(mask)
+  # Exactly the target turn (its end token included) carries loss; the earlier action does not.
+  np.testing.assert_array_equal(ids[mask == 1], fmt.encode_action(target))
+  assert mask[-1] == 1 and mask.sum() == len(fmt.encode_action(target))
+  assert fmt.decode(ids[mask == 1]).startswith(fmt.decode(fmt.encode(fmt.render_action(target))))
+  padded = pad_example(ids, mask, max_len=len(ids) + 7, pad_id=fmt.endoftext_id)
+  assert padded["loss_mask"][len(ids):].sum() == 0 and padded["loss_mask"].sum() == mask.sum()
+
+  # The SFT loss is the NLL of exactly those tokens, and padding content cannot change it.
+  model = tiny_model(vocab_size=len(tok))
+  batch = {k: jnp.asarray(v)[None] for k, v in padded.items()}
+  loss_fn = jax.jit(lambda b: sft_loss_fn(chunk_size=8)(model, b, None))
+  num, den, _ = loss_fn(batch)
+  logits = jax.jit(lambda x: model(x))(batch["input_ids"])[0]
+  logp = jax.nn.log_softmax(logits[:-1], -1)[np.arange(len(ids) + 6), padded["input_ids"][1:]]
+  want = -np.asarray(logp)[padded["loss_mask"][1:] == 1].sum()
+  np.testing.assert_allclose(float(num), want, rtol=1e-5)
+  assert float(den) == mask.sum()
+  repadded = {**batch, "input_ids": batch["input_ids"].at[0, len(ids):].set(5)}
+  assert float(loss_fn(repadded)[0]) == float(num)
+
+
+def test_bad_examples_name_the_problem():
+  with pytest.raises(ValueError, match="19 tokens > max_len=16"):
+    pad_example(list(range(19)), [0] * 18 + [1], max_len=16, pad_id=0)
+  with pytest.raises(ValueError, match="loss_mask\\[0\\] is 1"):
+    pad_example([1, 2, 3], [1, 1, 1], max_len=4, pad_id=0)
+  with pytest.raises(ValueError, match="must be equal 1-D"):
+    pad_example([1, 2, 3], [0, 1], max_len=4, pad_id=0)
+  with pytest.raises(ValueError, match="SFT example 1 has an all-zero loss_mask"):
+    sft_dataset([([1, 2], [0, 1]), ([1, 2], [0, 0])], batch_size=1, max_len=4, seed=0)
+  kept, dropped = drop_too_long([([1] * 3, [0, 0, 1]), ([1] * 9, [0] * 8 + [1])], max_len=4)
+  assert len(kept) == 1 and dropped == [1]
+  with pytest.raises(ValueError, match="SftConfig.batch_size must be >= 1"):
+    SftConfig(num_steps=1, batch_size=0, max_len=4)
+
+
+NUM_STEPS = 8
+_DRIVER = textwrap.dedent("""
+    import sys, time
+    import numpy as np, jax
+    sys.path.insert(0, {fixtures!r})
+    from policy_fixtures import sft_examples, tiny_model
+    from bat_jax.grpo import OptimizerConfig
+    from bat_jax.sft import SftConfig, run_sft
+    cfg = SftConfig(num_steps={steps}, batch_size=4, max_len=16, checkpoint_every=2,
+                    keep_checkpoints=2, logprob_chunk_size=8,
+                    optimizer=OptimizerConfig(learning_rate=1e-2, schedule="cosine",
+                                              warmup_steps=2, total_steps={steps}))
+    delay = float(sys.argv[2])
+    def on_step(step, metrics):
+      print("step", step, float(metrics["loss"]), flush=True)
+      time.sleep(delay)
+    state = run_sft(tiny_model(), sft_examples(), cfg, sys.argv[1], on_step=on_step)
+    np.savez(sys.argv[3], *[np.asarray(x) for x in jax.tree.leaves(state)])
+    print("done", flush=True)
+""")
+
+
+def _start_driver(tmp_path: Path, run: str, delay: float) -> tuple[subprocess.Popen, Path]:
+  script = tmp_path / f"{run}.py"
+  script.write_text(_DRIVER.format(fixtures=str(FIXTURES), steps=NUM_STEPS))
+  out = tmp_path / f"{run}.npz"
+  proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / run), str(delay), str(out)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+  return proc, out
+
+
+def _follow(proc: subprocess.Popen, kill_after_step: int | None = None) -> list[int]:
+  """Steps the driver reports; SIGKILLs it once it reports `kill_after_step`."""
+  steps = []
+  for line in proc.stdout:
+    if line.startswith("step"):
+      steps.append(int(line.split()[1]))
+      if kill_after_step is not None and steps[-1] >= kill_after_step:
+        proc.send_signal(signal.SIGKILL)
+        break
+  proc.wait(timeout=300)
+  if kill_after_step is None:
+    assert proc.returncode == 0, proc.stderr.read()
+  return steps
+
+
+def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path):
+  # The uninterrupted reference and the run to be killed go side by side to save wall time.
+  reference, ref_out = _start_driver(tmp_path, "uninterrupted", 0.0)
+  victim, _ = _start_driver(tmp_path, "killed", 0.5)
+  steps = _follow(victim, kill_after_step=5)
+  assert victim.returncode == -signal.SIGKILL, victim.stderr.read()
+  assert steps[-1] < NUM_STEPS
+  assert _follow(reference) == list(range(1, NUM_STEPS + 1))
+  resumed, out = _start_driver(tmp_path, "killed", 0.0)
+  resumed_steps = _follow(resumed)
+  assert 1 < resumed_steps[0] <= 6  # picked up from a committed checkpoint, not from scratch
+  assert resumed_steps[-1] == NUM_STEPS
+  want, got = np.load(ref_out), np.load(out)
+  assert len(want.files) == len(got.files) > 4
+  for key in want.files:
+    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+  # Retention: only the last two steps are kept.
+  kept = sorted(int(p.name) for p in (tmp_path / "killed").iterdir() if p.name.isdigit())
+  assert kept == [NUM_STEPS - 2, NUM_STEPS]
