@@ -27,6 +27,8 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from bat_jax import io_utils
+
 JsonLike = Union[dict, list, str, int, float, bool, None]
 _BYTES_KEY = "__base64_bytes__"
 
@@ -130,18 +132,6 @@ class Checkpointer:
     self.close()
 
 
-def _fsync_tree(root: Path) -> None:
-  """fsyncs every file under `root`, then `root` itself, so a rename publishes durable data."""
-  for file in sorted(p for p in root.rglob("*") if p.is_file()):
-    with open(file, "rb") as f:
-      os.fsync(f.fileno())
-  fd = os.open(root, os.O_RDONLY)
-  try:
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-
-
 def export_hf(model: nnx.Module, path: Union[str, Path], *, params: Any = None,
               tokenizer_dir: Optional[Union[str, Path]] = None) -> Path:
   """Writes HF safetensors + config.json for the rollout server, atomically.
@@ -170,7 +160,7 @@ def export_hf(model: nnx.Module, path: Union[str, Path], *, params: Any = None,
   staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
   try:
     save_pretrained(model, staging, tokenizer_dir=tokenizer_dir)
-    _fsync_tree(staging)
+    io_utils.fsync_tree(staging)
     old = None
     if path.exists():
       old = path.parent / f".{path.name}.old-{os.getpid()}"

@@ -23,9 +23,9 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 
 from bat_jax import workflow
 from bat_jax.sandbox import workspace as sandbox_workspace
-from bat_jax.tasks import metrics
-from bat_jax.tasks.base import TaskInstance
-from bat_jax.tasks.scripts import checks, submission
+from bat_jax.taskkit import metrics
+from bat_jax.taskkit.base import TaskInstance
+from bat_jax.taskkit.scripts import checks, submission
 
 A = workflow.ARTIFACTS
 MIN_PLAN_CHARS = 200

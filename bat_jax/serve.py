@@ -32,7 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-from bat_jax.rollout.engine import Completion, GenerateRequest, PromptTooLongError, SamplingParams
+from bat_jax.rollout.engine import Completion, GenerateRequest, SamplingParams
 from bat_jax.rollout.jax_engine import JaxEngine, JaxEngineConfig
 from bat_jax.rollout.openai_chat import chat_answer, openai_to_messages
 from bat_jax.rollout.worker import EngineWorker
@@ -99,9 +99,7 @@ class ServeApp:
       return 200, route(body)
     except RequestError as e:
       return e.status, _error(str(e))
-    except PromptTooLongError as e:
-      return 400, _error(str(e))
-    except ValueError as e:  # engine-side validation (sampling params, token ids)
+    except ValueError as e:  # engine-side checks: PromptTooLongError, token ids, stop ids
       return 400, _error(str(e))
 
   # -- endpoints ------------------------------------------------------------------------------
@@ -120,8 +118,9 @@ class ServeApp:
       raise RequestError("stream = true is not supported by bat_jax.serve")
     prompts, batched = self._prompts(body)
     try:
-      sampling = SamplingParams.from_dict(body.get("sampling_params") or {},
-                                          default_max_new_tokens=self.served.default_max_new_tokens)
+      sampling = SamplingParams.from_dict(
+          body.get("sampling_params") or {},
+          default_max_new_tokens=self.served.default_max_new_tokens)
     except (ValueError, TypeError) as e:
       raise RequestError(str(e)) from e
     rids = body.get("rid")

@@ -23,9 +23,9 @@ from flax import nnx
 
 from bat_jax.checkpointing import Checkpointer
 from bat_jax.grpo.logprobs import taken_token_logprobs
-from bat_jax.grpo.train_step import (Batch, OptimizerConfig, StepConfig, StepShardings, TrainState,
-                                     build_step_fn, init_train_state, make_optimizer,
-                                     make_train_step, split_model)
+from bat_jax.grpo.train_step import (Batch, OptimizerConfig, RematPolicy, StepConfig,
+                                     StepShardings, TrainState, build_step_fn, init_train_state,
+                                     make_optimizer, make_train_step, split_model)
 
 Example = tuple[Sequence[int], Sequence[int]]  # (ids, loss_mask) of one conversation
 
@@ -33,7 +33,8 @@ Example = tuple[Sequence[int], Sequence[int]]  # (ids, loss_mask) of one convers
 def sft_loss_fn(*, chunk_size: int = 512):
   """A `LossFn`: masked token NLL as `(sum, token count)` (token-mean over the global batch)."""
 
-  def loss_fn(model: nnx.Module, batch: Batch, ref_model: Optional[nnx.Module]):
+  def loss_fn(model: nnx.Module, batch: Batch, ref_model: Optional[nnx.Module],
+              remat_policy: RematPolicy = None):
     del ref_model
     for key in ("input_ids", "loss_mask"):
       if key not in batch:
@@ -42,7 +43,7 @@ def sft_loss_fn(*, chunk_size: int = 512):
       raise ValueError(f"batch['loss_mask'] {batch['loss_mask'].shape} != batch['input_ids'] "
                        f"{batch['input_ids'].shape}")
     logp, _ = taken_token_logprobs(model, batch["input_ids"], positions=batch.get("positions"),
-                                   chunk_size=chunk_size)
+                                   chunk_size=chunk_size, remat_policy=remat_policy)
     mask = batch["loss_mask"].astype(jnp.float32)
     nll = -(logp * mask).sum()
     return nll, mask.sum(), {"tokens": mask.sum(), "nll_sum": nll}
@@ -133,7 +134,7 @@ def run_sft(model: nnx.Module, examples: Sequence[Example], cfg: SftConfig,
     examples: `(ids, loss_mask)` pairs (see `ChatFormat.encode_sft_example`).
     cfg: run options.
     checkpoint_dir: orbax directory of this run.
-    shardings: explicit step shardings (from `bat_jax.sharding`), or None for one device.
+    shardings: explicit step shardings (`bat_jax.grpo.step_shardings`), or None for one device.
     on_step: called after every step with `(step, metrics)`.
 
   Returns:
@@ -145,9 +146,9 @@ def run_sft(model: nnx.Module, examples: Sequence[Example], cfg: SftConfig,
                           cfg.step)
   train_step = make_train_step(step_fn, shardings)
   state = init_train_state(params, optimizer, seed=cfg.seed)
-  if shardings is not None:
-    state = jax.device_put(state, shardings.state)
   frozen = {"rest": rest, "ref_params": None}
+  if shardings is not None:
+    state, frozen = jax.device_put((state, frozen), (shardings.state, shardings.frozen))
   batches = iter(sft_dataset(examples, batch_size=cfg.batch_size, max_len=cfg.max_len,
                              seed=cfg.seed, pad_id=cfg.pad_id))
   with Checkpointer(checkpoint_dir, max_to_keep=cfg.keep_checkpoints) as ckpt:

@@ -33,3 +33,23 @@ def pytest_collection_modifyitems(config, items):
 def require_bwrap():
   if shutil.which("bwrap") is None:
     pytest.skip("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+
+
+# A tiny chat tokenizer shared by the rollout and serve tests (trained once per session; a
+# package's own fixture of the same name overrides it, e.g. tests/model's larger one).
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory):
+  from bat_jax.model import tokenizer as tk  # deferred: most tests never need transformers
+  return tk.train_tokenizer(tk.tiny_corpus(num_docs=120), 600, tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_dir):
+  from bat_jax.model import tokenizer as tk
+  return tk.load_tokenizer(tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def chat(tokenizer):
+  from bat_jax.model import tokenizer as tk
+  return tk.ChatFormat.for_model("qwen3_5_text", tokenizer)

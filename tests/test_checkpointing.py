@@ -57,7 +57,8 @@ def test_keeps_last_n_and_ignores_uncommitted_steps(tmp_path):
   with Checkpointer(tmp_path, max_to_keep=3) as ckpt:
     assert ckpt.latest_step() == 5
     assert int(ckpt.restore(state).state.step) == 5
-    with pytest.raises(FileNotFoundError, match="no committed checkpoint step 6 under .*\\[3, 4, 5\\]"):
+    with pytest.raises(FileNotFoundError,
+                       match="no committed checkpoint step 6 under .*\\[3, 4, 5\\]"):
       ckpt.restore(state, step=6)
   with pytest.raises(FileNotFoundError, match="no committed checkpoint step None"):
     Checkpointer(tmp_path / "empty").restore(state)

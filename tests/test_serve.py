@@ -11,28 +11,12 @@ from flax import nnx
 
 from bat_jax import serve, workflow
 from bat_jax.model import ModelConfig, build_model, save_pretrained
-from bat_jax.model import tokenizer as tk
 from bat_jax.rollout.engine import Completion
 from bat_jax.rollout.jax_engine import JaxEngine, JaxEngineConfig
 from bat_jax.rollout.openai_chat import chat_answer
 from bat_jax.rollout.sglang_launcher import ServerProcess, free_port
 
 MAX_LEN = 2048
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-  return tk.train_tokenizer(tk.tiny_corpus(num_docs=120), 600, tmp_path_factory.mktemp("tok"))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tokenizer_dir):
-  return tk.load_tokenizer(tokenizer_dir)
-
-
-@pytest.fixture(scope="module")
-def chat(tokenizer):
-  return tk.ChatFormat.for_model("qwen3_5_text", tokenizer)
 
 
 @pytest.fixture(scope="module")

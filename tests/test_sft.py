@@ -1,4 +1,4 @@
-"""Cold-start SFT: target-only mask, masked NLL, input errors, and SIGKILL -> resume bit-identity."""
+"""Cold-start SFT: target-only mask, masked NLL, input errors, SIGKILL -> resume bit-identity."""
 
 import os
 import signal

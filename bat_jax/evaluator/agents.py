@@ -22,7 +22,7 @@ import shlex
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from bat_jax import workflow
-from bat_jax.tasks import Action, TaskInstance, expert_actions
+from bat_jax.taskkit import Action, TaskInstance, expert_actions
 
 A = workflow.ARTIFACTS
 

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from bat_jax import workflow
 from bat_jax.evaluator import generators
 from bat_jax.sandbox import SandboxLimits
-from bat_jax.tasks import TaskInstance
+from bat_jax.taskkit import TaskInstance
 
 
 @dataclasses.dataclass(frozen=True)

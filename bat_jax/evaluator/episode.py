@@ -34,8 +34,7 @@ from bat_jax.evaluator.agents import AgentFactory
 from bat_jax.evaluator.cells import Cell, EpisodeLimits
 from bat_jax.evaluator.firewall import INVALID_REASONS
 from bat_jax.sandbox import SandboxLimits, SandboxUnavailableError
-from bat_jax.stagebank.rl_rows import SYSTEM_PROMPT
-from bat_jax.tasks import materialize_at
+from bat_jax.taskkit import materialize_at
 
 STOP_REASONS: tuple[str, ...] = ("agent_stop", "turn_limit", "tool_call_limit")
 
@@ -79,7 +78,7 @@ def _action_error(action: Mapping[str, Any]) -> Optional[str]:
 
 def _drive(agent, sandbox, brief: str, limits: EpisodeLimits) -> dict[str, Any]:
   """The turn loop; returns counters. Agent exceptions become _Invalid('crash')."""
-  messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
+  messages: list[dict[str, Any]] = [{"role": "system", "content": workflow.SYSTEM_PROMPT},
                                     {"role": "user", "content": brief}]
   turns = calls = malformed = 0
   stop = "turn_limit"

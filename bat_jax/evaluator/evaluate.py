@@ -27,12 +27,17 @@ class EvalSettings:
   sandbox_limits: SandboxLimits = SandboxLimits()
 
   @classmethod
-  def from_config(cls, evaluator: ConfigDict, sandbox: Optional[ConfigDict] = None
-                  ) -> "EvalSettings":
-    """From the `evaluator` (and optionally `sandbox`) sections of a run config."""
-    limits = SandboxLimits(**sandbox.to_dict()) if sandbox is not None else SandboxLimits()
-    return cls(tier=evaluator.tier, seed=int(evaluator.seed),
-               cells_per_track=int(evaluator.cells_per_track), sandbox_limits=limits)
+  def from_config(cls, cfg: ConfigDict) -> "EvalSettings":
+    """From a run config: `evaluator` (tier, seed, cells_per_track), `sandbox` (limits) and
+    `rollout.limits` (turns, tool calls, observation chars: the same as training)."""
+    rl = cfg.rollout.limits
+    return cls(tier=cfg.evaluator.tier, seed=int(cfg.evaluator.seed),
+               cells_per_track=int(cfg.evaluator.cells_per_track),
+               limits=cells_lib.EpisodeLimits(
+                   max_assistant_turns=int(rl.max_assistant_turns),
+                   max_tool_calls=int(rl.max_tool_calls),
+                   max_observation_chars=int(rl.max_observation_chars)),
+               sandbox_limits=SandboxLimits(**cfg.sandbox.to_dict()))
 
   def cells(self) -> tuple[cells_lib.Cell, ...]:
     return cells_lib.make_cells(self.seed, self.cells_per_track, self.tier, self.tracks)

@@ -21,7 +21,7 @@ from ml_collections import ConfigDict
 
 from bat_jax.evaluator import report as report_lib
 from bat_jax.evaluator.firewall import FirewallError
-from bat_jax.tasks.scripts.checks import atomic_write_json
+from bat_jax.io_utils import atomic_write_json
 
 PLACEHOLDERS: tuple[str, ...] = ("{checkpoint}", "{request}", "{output}")
 REQUEST_SCHEMA = "bat_jax.evaluator.request/v1"

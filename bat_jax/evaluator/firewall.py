@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from bat_jax import workflow
-from bat_jax.tasks.scripts.checks import atomic_write_json
+from bat_jax.io_utils import atomic_write_json
 
 REPORT_SCHEMA = "bat_jax.evaluator.report/v1"
 TIERS: tuple[str, ...] = ("lite", "standard", "external")

@@ -1,9 +1,9 @@
 """The held-out teacher's own task generators, one per track.
 
-They follow the public contract (`workflow.py`) and plug into the training side's generic
-machinery -- the `TrackFamily` protocol builds the model folder, plants the fault and writes the
-spec, and `bat_jax.rubric` scores the result -- but everything that identifies a task is the
-evaluator's own and never appears in `bat_jax.tasks`:
+They follow the public contract (`workflow.py`) and plug into the shared machinery
+(`bat_jax.taskkit`) -- the `TrackFamily` protocol builds the model folder, plants the fault and
+writes the spec, and `bat_jax.rubric` scores the result -- but everything that identifies a task
+is the evaluator's own and never appears in the training side's `bat_jax.tasks`:
 
 * vocabulary (`HELDOUT_NAMES`): case ids, data / index / model / weights names, missing-module
   names, class labels;
@@ -14,8 +14,9 @@ evaluator's own and never appears in `bat_jax.tasks`:
 * task ids (`ho-...`).
 
 Tiers: `lite` (the brief lists every stage's artifact paths and the spec carries the artifact
-map) and `standard` (the brief only states the objective and points at the spec; the spec has no
-artifact map, so the agent must know the public workflow).
+map) and `standard` (the brief only states the objective and points at the spec; the spec
+withholds the artifact map, record fields, receipt format and fault list, so the agent must know
+the public workflow).
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ import random
 from typing import Any, Callable, Mapping
 
 from bat_jax import workflow
-from bat_jax.tasks import FAMILIES as TRAINING_FAMILIES
-from bat_jax.tasks import NamePool, TaskInstance, TrackFamily
-from bat_jax.tasks.base import CaseData, SampleContext
+from bat_jax.taskkit import FAMILY_TYPES, CaseData, NamePool, SampleContext, TaskInstance
+from bat_jax.taskkit import TrackFamily
 
 TIERS: tuple[str, ...] = ("lite", "standard")
 GENERATOR_VERSION = "heldout-v1"
+# Spec scaffolding the standard tier withholds (the public workflow still defines all of it).
+STANDARD_WITHHELD: tuple[str, ...] = ("artifacts", "record_fields", "receipt", "known_faults")
 
 HELDOUT_NAMES = NamePool(
     salt="heldout-teacher-v1",
@@ -91,7 +93,8 @@ def _submission(track: str, base: Mapping[str, Any], rng: random.Random) -> dict
   fmt = base["format"]
   stem = rng.choice(SUBMISSION_NAMES[track])
   ext = {"csv": ".csv", "jsonl": ".jsonl", "coco_json": ".json"}.get(fmt, "")
-  out: dict[str, Any] = {"format": fmt, "path": f"{workflow.ARTIFACTS['submission_dir']}/{stem}{ext}"}
+  folder = workflow.ARTIFACTS["submission_dir"]
+  out: dict[str, Any] = {"format": fmt, "path": f"{folder}/{stem}{ext}"}
   if fmt == "csv":
     out.update(id_column=rng.choice(_ID_KEYS), value_column=rng.choice(_VALUE_KEYS))
   elif fmt == "jsonl":
@@ -141,32 +144,39 @@ _REWORD: Mapping[str, Callable[[CaseData, random.Random], CaseData]] = {
     "vqa": _reword_vqa, "report": _reword_report}
 
 
+def _tier_brief_later(rng: random.Random, track: str, objective: str) -> str:
+  """No brief at build time: `generate` writes the tier's brief from its own seed stream."""
+  del rng, track, objective
+  return ""
+
+
 class HeldoutFamily(TrackFamily):
   """A held-out track: cases sampled on the evaluator's seed stream, then given its own
   vocabulary, wording and submission layout. The provided model (runner) is the public one."""
 
-  def __init__(self, training: TrackFamily):
-    self._training = training
-    self.track = training.track
-    self.runner = training.runner
-    self.objective = OBJECTIVES[training.track]
+  def __init__(self, family_type: type[TrackFamily]):
+    super().__init__(HELDOUT_NAMES, _tier_brief_later)
+    self._sampler = family_type(HELDOUT_NAMES, _tier_brief_later)  # the shared sampling logic
+    self.track = family_type.track
+    self.runner = family_type.runner
+    self.objective = OBJECTIVES[family_type.track]
 
   def sample(self, ctx: SampleContext) -> CaseData:
     if ctx.names is not HELDOUT_NAMES:
       raise ValueError(f"held-out {self.track} family sampled with name pool "
                        f"{ctx.names.salt!r}; it only uses HELDOUT_NAMES")
-    data = self._training.sample(ctx)
+    data = self._sampler.sample(ctx)
     reword = _REWORD.get(self.track)
     if reword is not None:
       data = reword(data, ctx.rng)
     return dataclasses.replace(data, submission=_submission(self.track, data.submission, ctx.rng))
 
   def validation_group(self, row: Mapping[str, str], params: Mapping[str, Any]) -> str:
-    return self._training.validation_group(row, params)
+    return self._sampler.validation_group(row, params)
 
 
 HELDOUT_FAMILIES: dict[str, HeldoutFamily] = {
-    t: HeldoutFamily(TRAINING_FAMILIES[t]) for t in workflow.TRACKS}
+    t: HeldoutFamily(FAMILY_TYPES[t]) for t in workflow.TRACKS}
 
 OPENINGS = ("A hospital research group has shared a de-identified imaging study with you.",
              "You are the analyst on an anonymised imaging project.",
@@ -195,12 +205,13 @@ def generate(track: str, seed: int, outcome: str, tier: str) -> TaskInstance:
     raise ValueError(f"unknown track {track!r}; expected one of {workflow.TRACKS}")
   if tier not in TIERS:
     raise ValueError(f"unknown evaluator tier {tier!r}; expected one of {TIERS}")
-  base = HELDOUT_FAMILIES[track].generate(seed, outcome, HELDOUT_NAMES)
+  base = HELDOUT_FAMILIES[track].generate(seed, outcome)
   digest = hashlib.sha256(f"{HELDOUT_NAMES.salt}|{track}|{outcome}|{seed}".encode()).hexdigest()
   task_id = f"ho-{digest[:14]}"
   spec = dict(base.spec, task_id=task_id)
   if tier == "standard":
-    spec.pop("artifacts", None)
+    for key in STANDARD_WITHHELD:
+      spec.pop(key, None)
   files = dict(base.files)
   files[workflow.ARTIFACTS["spec"]] = json.dumps(spec, indent=1, sort_keys=True).encode()
   instance = dataclasses.replace(base, task_id=task_id, files=files)

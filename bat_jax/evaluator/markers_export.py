@@ -24,8 +24,8 @@ from typing import Any, Iterable, Optional, Sequence
 from bat_jax import markers, workflow
 from bat_jax.evaluator import generators
 from bat_jax.evaluator.cells import Cell
-from bat_jax.tasks import TaskInstance
-from bat_jax.tasks.scripts.checks import atomic_write_json
+from bat_jax.taskkit import TaskInstance
+from bat_jax.io_utils import atomic_write_json
 
 MODEL_FOLDER_FILES = ("card.json", "runner.py", "convert.py")
 

@@ -84,8 +84,9 @@ def require_complete(report: Mapping[str, Any], source: str = "evaluator") -> No
   check_report(report)
   problems = []
   if not report["validity"]["valid"] or report["validity"]["invalid_cells"]:
-    problems.append(f"{report['validity']['invalid_cells']} invalid cell(s) "
-                    f"({', '.join(f'{k}={v}' for k, v in report['failure_categories'].items() if k in INVALID_REASONS)})")
+    reasons = ", ".join(f"{k}={v}" for k, v in report["failure_categories"].items()
+                        if k in INVALID_REASONS)
+    problems.append(f"{report['validity']['invalid_cells']} invalid cell(s) ({reasons})")
   nulls = [k for k in ("task_score", "agentic", "overall") if report[k] is None]
   nulls += [f"stage_scores.{s}" for s, v in report["stage_scores"].items() if v is None]
   nulls += [f"track_scores.{t}.overall" for t, v in report["track_scores"].items()

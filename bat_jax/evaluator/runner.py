@@ -13,21 +13,25 @@ Layout of `records_dir` (evaluator side only; never exported):
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
 import shutil
 import signal
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from ml_collections import ConfigDict
+
 from bat_jax.evaluator import episode
 from bat_jax.evaluator.agents import AgentFactory
 from bat_jax.evaluator.cells import Cell, EpisodeLimits
 from bat_jax.sandbox import SandboxLimits
-from bat_jax.tasks.scripts.checks import atomic_write_json
+from bat_jax.io_utils import atomic_write_json
 
 Progress = Callable[[int, int, dict[str, Any]], None]  # (done, total, record)
 
@@ -38,12 +42,20 @@ class RunOptions:
   workers: int = 1
   cell_timeout_s: float = 900.0
   keep_workspaces: bool = False
+  # Run cells on `workers` threads of this process instead of worker processes: for an agent
+  # backed by an in-process engine that batches concurrent requests (no per-cell timeout).
+  threads: bool = False
 
   def __post_init__(self):
     if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
       raise ValueError(f"RunOptions.workers must be an int >= 0, got {self.workers!r}")
     if not self.cell_timeout_s > 0:
       raise ValueError(f"RunOptions.cell_timeout_s must be > 0, got {self.cell_timeout_s!r}")
+
+  @classmethod
+  def from_config(cls, evaluator: ConfigDict) -> "RunOptions":
+    """From a run config's `evaluator` section (workers)."""
+    return cls(workers=int(evaluator.workers))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +75,7 @@ class _Job:
 
 
 def _worker_main(conn: multiprocessing.connection.Connection, job: _Job) -> None:
-  os.setsid()  # own process group: the parent's kill reaches our sandboxes too
+  os.setsid()  # own group for the kill; sandboxes die with us (bwrap --die-with-parent)
   while True:
     cell = conn.recv()
     if cell is None:
@@ -124,6 +136,7 @@ def _parallel(cells: Sequence[Cell], job: _Job, options: RunOptions,
           except (EOFError, OSError):
             record = None
           if record is None:
+            w.process.join(1)
             record = episode.invalid_record(
                 w.cell, "crash", f"worker process died (exit code {w.process.exitcode})",
                 elapsed)
@@ -134,11 +147,12 @@ def _parallel(cells: Sequence[Cell], job: _Job, options: RunOptions,
           continue
         if healthy:
           w.cell = None
-        else:  # dead or overrunning: kill it (and its sandboxes), start a fresh one
+        else:  # dead or overrunning: kill it (and its sandboxes), start a fresh one if needed
           w.kill()
           shutil.rmtree(Path(job.records_dir) / "work" / w.cell.key, ignore_errors=True)
-          workers[i] = _spawn(job)
+          workers[i] = _spawn(job) if pending else None
         finish(record)
+      workers = [w for w in workers if w is not None]
   finally:
     for w in workers:
       if w.process.is_alive():
@@ -171,9 +185,19 @@ def run_cells(cells: Sequence[Cell], factory: AgentFactory, records_dir: Path, *
     if progress is not None:
       progress(len(done), len(cells), record)
 
+  if options.workers > 0 and not options.threads:  # threads share the factory, no pickling
+    try:
+      pickle.dumps(factory)
+    except (pickle.PicklingError, TypeError, AttributeError) as e:
+      raise TypeError(f"agent factory {factory!r} cannot be sent to worker processes ({e}); "
+                      "use a module-level class / function, or workers=0") from None
   if options.workers == 0:
     for cell in cells:
       finish(job.run(cell))
+  elif options.threads:
+    with concurrent.futures.ThreadPoolExecutor(options.workers) as pool:
+      for record in pool.map(job.run, cells):
+        finish(record)
   else:
     _parallel(cells, job, options, finish)
   return [done[c.key] for c in cells]

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 AdvantageFn = Callable[..., jax.Array]
 
 
-def _group_stats(rewards: jax.Array, group_ids: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _group_stats(rewards: jax.Array,
+                 group_ids: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Per-row group size, group sum and same-group matrix.
 
   Args:
@@ -24,12 +25,18 @@ def _group_stats(rewards: jax.Array, group_ids: jax.Array) -> tuple[jax.Array, j
     group_ids: `[B]` integer group ids.
 
   Returns:
-    `(count [B], total [B], same [B, B])`, where `same[i, j]` is 1.0 when rows i and j share a group.
+    `(count [B], total [B], same [B, B])`, where `same[i, j]` is True when rows i and j share a
+    group.
   """
-  same = (group_ids[:, None] == group_ids[None, :]).astype(rewards.dtype)
-  count = same.sum(axis=1)
-  total = same @ rewards
-  return count, total, same
+  same = group_ids[:, None] == group_ids[None, :]
+  count = same.sum(axis=1).astype(rewards.dtype)
+  return count, _group_sum(same, rewards), same
+
+
+def _group_sum(same: jax.Array, values: jax.Array) -> jax.Array:
+  """`[B]` sum of `values` over each row's group; a `where`, not a matmul, so that a NaN in one
+  group cannot leak into the others through `0 * NaN`."""
+  return jnp.where(same, values[None, :], 0.0).sum(axis=1)
 
 
 def grpo_advantages(rewards: jax.Array, group_ids: jax.Array, *, std_normalize: bool = False,
@@ -38,7 +45,7 @@ def grpo_advantages(rewards: jax.Array, group_ids: jax.Array, *, std_normalize: 
   count, total, same = _group_stats(rewards, group_ids)
   centred = rewards - total / count
   if std_normalize:
-    sq = same @ (rewards ** 2)
+    sq = _group_sum(same, rewards ** 2)
     # Sample variance from sums: (sum r^2 - n * mean^2) / (n - 1); groups of one are zeroed below.
     var = (sq - total ** 2 / count) / jnp.maximum(count - 1.0, 1.0)
     centred = centred / (jnp.sqrt(jnp.maximum(var, 0.0)) + eps)

@@ -8,7 +8,7 @@ peak memory is O(B * C * V) instead of O(B * T * V) (Qwen3.5's V is ~248k).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -77,7 +77,9 @@ def shift_to_positions(values: Array) -> Array:
 
 def taken_token_logprobs(model, input_ids: Array, *, positions: Optional[Array] = None,
                          chunk_size: int = 512, temperature: float = 1.0,
-                         with_entropy: bool = False) -> tuple[Array, Optional[Array]]:
+                         with_entropy: bool = False,
+                         remat_policy: Optional[Callable[..., bool]] = None
+                         ) -> tuple[Array, Optional[Array]]:
   """Per-position logprob of each token given its prefix, through `model.hidden_states`.
 
   Args:
@@ -86,12 +88,17 @@ def taken_token_logprobs(model, input_ids: Array, *, positions: Optional[Array] 
     input_ids: `[B, T]` int32 tokens (prompt + response, right padded).
     positions: optional `[B, T]` positions.
     chunk_size, temperature, with_entropy: see `chunked_logprobs`.
+    remat_policy: per-layer rematerialisation policy for the model's forward (training).
 
   Returns:
-    `(logp [B, T], entropy [B, T] or None)`; `logp[:, t] = log p(input_ids[:, t] | input_ids[:, :t])`
-    and column 0 (no prefix) is 0, so the loss mask must be 0 there.
+    `(logp [B, T], entropy [B, T] or None)` with
+    `logp[:, t] = log p(input_ids[:, t] | input_ids[:, :t])`;
+    column 0 (no prefix) is 0, so the loss mask must be 0 there.
   """
-  hidden = model.hidden_states(input_ids, positions=positions)
+  if remat_policy is None:
+    hidden = model.hidden_states(input_ids, positions=positions)
+  else:
+    hidden = model.hidden_states(input_ids, positions=positions, remat_policy=remat_policy)
   logp, ent = chunked_logprobs(hidden[:, :-1], model.unembed_kernel(), input_ids[:, 1:],
                                chunk_size=chunk_size, temperature=temperature,
                                with_entropy=with_entropy)

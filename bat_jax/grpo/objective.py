@@ -12,7 +12,7 @@ from flax import nnx
 from bat_jax.grpo.advantages import ADVANTAGE_ESTIMATORS, check_mode
 from bat_jax.grpo.logprobs import taken_token_logprobs
 from bat_jax.grpo.loss import policy_loss_terms, validate_loss_config
-from bat_jax.grpo.train_step import Batch, LossFn
+from bat_jax.grpo.train_step import Batch, LossFn, RematPolicy
 
 REQUIRED_KEYS = ("input_ids", "loss_mask", "old_logp", "advantages")
 OPTIONAL_KEYS = ("positions", "ref_logp", "sampler_logp")
@@ -69,20 +69,16 @@ def check_batch(batch: Batch) -> None:
                      f"expected ({shape[0]},)")
 
 
-def needs_ref_model(cfg: GrpoConfig, batch: Batch) -> bool:
-  """The frozen reference model runs only for KL without precomputed `ref_logp`."""
-  return cfg.kl_coef > 0 and "ref_logp" not in batch
-
-
 def grpo_loss_fn(cfg: GrpoConfig) -> LossFn:
   """A `LossFn` for `build_step_fn`; reference logprobs are never computed when kl_coef == 0."""
 
-  def loss_fn(model: nnx.Module, batch: Batch, ref_model: Optional[nnx.Module]):
+  def loss_fn(model: nnx.Module, batch: Batch, ref_model: Optional[nnx.Module],
+              remat_policy: RematPolicy = None):
     check_batch(batch)
     logp, entropy = taken_token_logprobs(
         model, batch["input_ids"], positions=batch.get("positions"),
         chunk_size=cfg.logprob_chunk_size, temperature=cfg.temperature,
-        with_entropy=cfg.compute_entropy)
+        with_entropy=cfg.compute_entropy, remat_policy=remat_policy)
     ref_logp = None
     if cfg.kl_coef > 0:
       ref_logp = batch.get("ref_logp")

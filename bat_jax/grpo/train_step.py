@@ -7,7 +7,8 @@ The step is `(state, batch, frozen) -> (state, metrics)`:
 - `frozen` holds what the step reads but never updates: the model's non-parameter variables and,
   for KL, the frozen reference params.
 
-The objective is a `LossFn(model, micro_batch, ref_model) -> (numerator, denominator, stats)`.
+The objective is a `LossFn(model, micro_batch, ref_model, remat_policy) -> (numerator,
+denominator, stats)`; it forwards `remat_policy` to the model's per-layer rematerialisation.
 Micro-batches are scanned with `lax.scan`; gradients of the numerators and the denominators are
 summed and divided once, so accumulation equals the full batch exactly. A non-finite loss or
 gradient, or an all-masked batch, leaves params and optimizer state unchanged and increments
@@ -27,13 +28,14 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from bat_jax import sharding
-
 from bat_jax.grpo.advantages import check_mode
 from bat_jax.grpo.loss import finalize_stats, merge_stats, safe_divide
 
 Array = jax.Array
 Batch = Mapping[str, Array]
-LossFn = Callable[[nnx.Module, Batch, Optional[nnx.Module]], tuple[Array, Array, dict[str, Array]]]
+RematPolicy = Optional[Callable[..., bool]]
+LossFn = Callable[[nnx.Module, Batch, Optional[nnx.Module], RematPolicy],
+                  tuple[Array, Array, dict[str, Array]]]
 
 # ---------------------------------------------------------------------------------------------
 # Optimizer: AdamW + global-norm clipping + warmup then cosine/constant.
@@ -148,7 +150,9 @@ class StepConfig:
 
   Attributes:
     num_micro_batches: the batch is scanned in this many equal micro-batches.
-    remat_policy: key of `REMAT_POLICIES`, applied to each micro-batch's objective.
+    remat_policy: key of `REMAT_POLICIES`; each decoder layer of the policy forward is
+      rematerialised with it (`model.hidden_states(..., remat_policy=...)`), so between a
+      layer's forward and backward only what the policy saves stays live.
   """
   num_micro_batches: int = 1
   remat_policy: str = "none"
@@ -200,11 +204,9 @@ def build_step_fn(graphdef: nnx.GraphDef, loss_fn: LossFn, optimizer: optax.Grad
     ref_model = None
     if frozen["ref_params"] is not None:
       ref_model = nnx.merge(graphdef, frozen["ref_params"], frozen["rest"])
-    numerator, denominator, stats = loss_fn(model, micro, ref_model)
+    numerator, denominator, stats = loss_fn(model, micro, ref_model, policy)
     return numerator, (denominator, stats)
 
-  if policy is not None:
-    objective = jax.checkpoint(objective, policy=policy)
   grad_fn = jax.value_and_grad(objective, has_aux=True)
 
   def step(state: TrainState, batch: Batch, frozen: Mapping[str, Any]):
@@ -318,3 +320,4 @@ def memory_report(compiled) -> dict[str, int]:
   fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
             "temp_size_in_bytes", "generated_code_size_in_bytes")
   return {f: int(getattr(analysis, f)) for f in fields}
+

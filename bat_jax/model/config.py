@@ -23,6 +23,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from bat_jax.model.attention import ATTENTION_IMPLS
+
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_5", "qwen3_5_text")
 LAYER_TYPES = ("full_attention", "linear_attention")
 CONFIG_FILE = "config.json"
@@ -60,6 +62,10 @@ class ModelConfig:
   linear_num_value_heads: int = 32
   # Not in HF configs: implementation knobs.
   deltanet_chunk_size: int = 64
+  # Softmax attention kernel: "xla" (dense), "cudnn" (flash, GPU), "chunked"
+  # (blockwise, any backend) or None (automatic; see model/attention.py).
+  attention_impl: str | None = None
+  attention_block_size: int = 512
   param_dtype: Any = jnp.float32
   dtype: Any = jnp.float32
   hf_config: Mapping[str, Any] | None = dataclasses.field(
@@ -86,6 +92,11 @@ class ModelConfig:
       raise ValueError(
           f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
           f"linear_num_key_heads ({self.linear_num_key_heads})")
+    if self.attention_impl is not None and self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(
+          f"attention_impl {self.attention_impl!r} is not one of {ATTENTION_IMPLS} or None")
+    if self.attention_block_size < 1:
+      raise ValueError(f"attention_block_size must be positive, got {self.attention_block_size}")
     if self.rotary_dim % 2:
       raise ValueError(
           f"head_dim * partial_rotary_factor = {self.rotary_dim} must be even")

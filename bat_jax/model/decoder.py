@@ -15,11 +15,13 @@ different lengths can share one batched prefill.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from bat_jax.model.attention import AttentionMask
 from bat_jax.model.config import ModelConfig
 from bat_jax.model.deltanet import DeltaNetState, GatedDeltaNet
 from bat_jax.model.layers import MLP, Attention, Embed, KVCache, RMSNorm, logical_param
@@ -64,7 +66,8 @@ class DecoderLayer(nnx.Module):
           num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
           rotary_dim=cfg.rotary_dim, rope_theta=cfg.rope_theta, eps=cfg.rms_norm_eps,
           zero_centered_norm=cfg.zero_centered_norm, output_gate=cfg.attn_output_gate,
-          use_bias=cfg.attention_bias, rngs=rngs, **dt)
+          use_bias=cfg.attention_bias, attention_impl=cfg.attention_impl,
+          block_size=cfg.attention_block_size, rngs=rngs, **dt)
     else:
       self.linear_attn = GatedDeltaNet(
           hidden_size=cfg.hidden_size, num_k_heads=cfg.linear_num_key_heads,
@@ -73,7 +76,7 @@ class DecoderLayer(nnx.Module):
           eps=cfg.rms_norm_eps, chunk_size=cfg.deltanet_chunk_size, rngs=rngs, **dt)
     self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, rngs=rngs, **dt)
 
-  def __call__(self, x: jax.Array, *, positions: jax.Array, attn_mask: jax.Array,
+  def __call__(self, x: jax.Array, *, positions: jax.Array, attn_mask: AttentionMask,
                valid: jax.Array, write_slots: jax.Array | None,
                cache: LayerCache | None) -> tuple[jax.Array, LayerCache | None]:
     h = self.input_layernorm(x)
@@ -84,6 +87,13 @@ class DecoderLayer(nnx.Module):
       h, cache = self.linear_attn(h, valid=valid, state=cache)
     x = x + h
     return x + self.mlp(self.post_attention_layernorm(x)), cache
+
+
+def _remat_layer(layer: DecoderLayer, x: jax.Array, policy: Callable[..., bool],
+                 **inputs: jax.Array) -> tuple[jax.Array, None]:
+  """One cache-free layer call under `nnx.remat` with `policy`."""
+  call = nnx.remat(lambda mod, h, kw: mod(h, write_slots=None, cache=None, **kw), policy=policy)
+  return call(layer, x, inputs)
 
 
 class CausalLM(nnx.Module):
@@ -125,12 +135,18 @@ class CausalLM(nnx.Module):
     return DecodeCache(layers=tuple(layers), lengths=jnp.zeros((batch_size,), jnp.int32))
 
   def hidden_states(self, input_ids: jax.Array, *, positions: jax.Array | None = None,
-                    cache: DecodeCache | None = None, valid: jax.Array | None = None):
+                    cache: DecodeCache | None = None, valid: jax.Array | None = None,
+                    remat_policy: Callable[..., bool] | None = None):
     """Final-normed hidden states [B, T, D] (and the new cache when given one).
 
     Logits are `hidden @ unembed_kernel()`; GRPO uses this split to compute
     taken-token log-probs in chunks without materialising [B, T, V].
+    `remat_policy` (a `jax.checkpoint_policies` entry; training only, no cache)
+    rematerialises each decoder layer in the backward pass, so only what the
+    policy saves stays live between a layer's forward and its backward.
     """
+    if remat_policy is not None and cache is not None:
+      raise ValueError("remat_policy is for training forwards and cannot be used with a cache")
     b, t = input_ids.shape
     if valid is None:
       valid = jnp.ones((b, t), dtype=bool)
@@ -143,22 +159,23 @@ class CausalLM(nnx.Module):
     if positions is None:
       positions = jnp.maximum(slots, 0)
     if cache is None:
-      causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-      attn_mask = causal[None] & valid[:, None, :]  # [B, T, T]
+      attn_mask = AttentionMask.causal(valid)
       write_slots = None
     else:
       max_len = cache.max_len
-      key_slot = jnp.arange(max_len)[None, None, :]
-      new_len = start + counts[:, -1:]  # [B, 1]
-      attn_mask = (key_slot <= slots[..., None]) & (key_slot < new_len[..., None])
+      attn_mask = AttentionMask.for_cache(slots, start[:, 0] + counts[:, -1], max_len)
       write_slots = jnp.where(valid, slots, max_len)  # out of range -> dropped
 
     x = self.embed_tokens(input_ids)
     new_layers = []
     for i, layer in enumerate(self.layers):
-      x, layer_cache = layer(x, positions=positions, attn_mask=attn_mask, valid=valid,
-                             write_slots=write_slots,
-                             cache=None if cache is None else cache.layers[i])
+      if remat_policy is not None:
+        x, layer_cache = _remat_layer(layer, x, remat_policy, positions=positions,
+                                      attn_mask=attn_mask, valid=valid)
+      else:
+        x, layer_cache = layer(x, positions=positions, attn_mask=attn_mask, valid=valid,
+                               write_slots=write_slots,
+                               cache=None if cache is None else cache.layers[i])
       new_layers.append(layer_cache)
     x = self.norm(x)
     if cache is None:
@@ -179,3 +196,19 @@ class CausalLM(nnx.Module):
 def build_model(cfg: ModelConfig, *, rngs: nnx.Rngs) -> CausalLM:
   """Randomly initialised model for `cfg` (params in cfg.param_dtype)."""
   return CausalLM(cfg, rngs=rngs)
+
+
+def with_attention_impl(model: CausalLM, impl: str | None, *,
+                        block_size: int | None = None) -> CausalLM:
+  """A model sharing `model`'s parameters whose attention runs `impl`.
+
+  For checkpoints loaded with `load_pretrained` (whose config comes from
+  `config.json`): e.g. `with_attention_impl(model, "chunked")` for long
+  sequences on CPU/TPU. impl: "xla" | "cudnn" | "chunked" | None (automatic).
+  """
+  changes: dict = dict(attention_impl=impl)
+  if block_size is not None:
+    changes["attention_block_size"] = block_size
+  cfg = model.config.replace(**changes)
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(cfg, rngs=nnx.Rngs(0))))
+  return nnx.merge(graphdef, nnx.state(model))

@@ -17,10 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-# Masked attention logits use a large finite value (not -inf) so a row with no
-# visible key (fully padded) yields finite garbage instead of NaN.
-_MASK_VALUE = -1e30
-
+from bat_jax.model.attention import AttentionMask, attend
 
 def logical_param(value: jax.Array, axes: Sequence[str | None]) -> nnx.Param:
   """A Param annotated with logical axis names (no eager sharding)."""
@@ -50,6 +47,12 @@ class Linear(nnx.Module):
     return y
 
 
+def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
+  """x / rms(x) over the last axis, computed in fp32 (returns fp32)."""
+  x32 = x.astype(jnp.float32)
+  return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+
+
 class RMSNorm(nnx.Module):
   """RMSNorm over the last axis, computed in fp32.
 
@@ -66,8 +69,7 @@ class RMSNorm(nnx.Module):
     self.weight = logical_param(init((dim,), param_dtype), (axis_name,))
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    x32 = x.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    normed = rms_normalize(x, self.eps)
     w = self.weight[...]
     if self.zero_centered:
       return (normed * (1.0 + w.astype(jnp.float32))).astype(x.dtype)
@@ -141,36 +143,20 @@ class KVCache:
   value: jax.Array
 
 
-def dot_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-  """Grouped-query softmax attention, softmax in fp32.
-
-  Args:
-    q: [B, T, H, Dh] (already scaled).
-    k, v: [B, S, K, Dh] with H % K == 0 (query head h uses kv head h // (H/K)).
-    mask: [B, T, S] bool, True = visible.
-  Returns:
-    [B, T, H, Dh] in q's dtype.
-  """
-  b, t, h, dh = q.shape
-  kv_heads = k.shape[2]
-  qg = q.reshape(b, t, kv_heads, h // kv_heads, dh)
-  logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
-  logits = jnp.where(mask[:, None, None], logits, _MASK_VALUE)
-  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-  return out.reshape(b, t, h, dh)
-
-
 class Attention(nnx.Module):
   """GQA self-attention with per-head q/k RMSNorm and (partial) RoPE.
 
   With `output_gate` (Qwen3.5), q_proj also emits a per-head sigmoid gate laid
   out `[H, 2 * Dh]` = (query, gate) per head, multiplied into the output.
+  `attention_impl` / `block_size` pick the softmax kernel (see
+  `bat_jax.model.attention.attend`); they do not change the parameters.
   """
 
   def __init__(self, *, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
                rotary_dim: int, rope_theta: float, eps: float, zero_centered_norm: bool,
-               output_gate: bool, use_bias: bool, dtype, param_dtype, rngs: nnx.Rngs):
+               output_gate: bool, use_bias: bool, dtype, param_dtype, rngs: nnx.Rngs,
+               attention_impl: str | None = None, block_size: int = 512):
+    self.attention_impl, self.block_size = attention_impl, block_size
     self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
     self.rotary_dim, self.rope_theta = rotary_dim, rope_theta
     self.output_gate = output_gate
@@ -184,7 +170,7 @@ class Attention(nnx.Module):
     self.q_norm = RMSNorm(head_dim, **norm_kw)
     self.k_norm = RMSNorm(head_dim, **norm_kw)
 
-  def __call__(self, x: jax.Array, *, positions: jax.Array, mask: jax.Array,
+  def __call__(self, x: jax.Array, *, positions: jax.Array, mask: AttentionMask,
                cache: KVCache | None = None, write_slots: jax.Array | None = None
                ) -> tuple[jax.Array, KVCache | None]:
     """Self-attention over the chunk (no cache) or over the updated cache.
@@ -192,7 +178,7 @@ class Attention(nnx.Module):
     Args:
       x: [B, T, D].
       positions: [B, T] RoPE positions.
-      mask: [B, T, S] bool visibility; S = T without cache, cache length with.
+      mask: visibility of key slots (S = T without cache, cache length with).
       cache: KV cache of this layer, or None.
       write_slots: [B, T] cache slot per token; out-of-range slots are dropped
         (used for invalid tokens, which must not touch the cache).
@@ -218,7 +204,8 @@ class Attention(nnx.Module):
           key=cache.key.at[rows, write_slots].set(k.astype(cache.key.dtype), mode="drop"),
           value=cache.value.at[rows, write_slots].set(v.astype(cache.value.dtype), mode="drop"))
       k, v = new_cache.key.astype(q.dtype), new_cache.value.astype(q.dtype)
-    out = dot_attention(q * (dh ** -0.5), k, v, mask).reshape(b, t, h * dh)
+    out = attend(q, k, v, mask, impl=self.attention_impl,
+                 block_size=self.block_size).reshape(b, t, h * dh)
     if gate is not None:
       out = out * jax.nn.sigmoid(gate)
     return self.o_proj(out), new_cache

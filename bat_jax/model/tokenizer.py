@@ -29,14 +29,13 @@ import os
 import pathlib
 import random
 import re
-import tempfile
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 import transformers
 
-from bat_jax import workflow
+from bat_jax import io_utils, workflow
 
 IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -72,19 +71,6 @@ def chat_template(family: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # Training and loading.
 # ---------------------------------------------------------------------------------------------
-
-def _write_atomic(path: pathlib.Path, text: str) -> None:
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    pathlib.Path(tmp).unlink(missing_ok=True)
-    raise
-
 
 def train_tokenizer(corpus: Iterable[str], vocab_size: int, out_dir: str | os.PathLike, *,
                     chat_family: str = "qwen3_5", min_frequency: int = 2) -> pathlib.Path:
@@ -137,9 +123,10 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int, out_dir: str | os.Pa
                  "additional_special_tokens": [IM_START, IM_END]}
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  _write_atomic(out / "tokenizer.json", tok.to_str())
-  _write_atomic(out / "tokenizer_config.json", json.dumps(config, indent=2, ensure_ascii=False))
-  _write_atomic(out / "special_tokens_map.json", json.dumps(special_map, indent=2))
+  io_utils.atomic_write_text(out / "tokenizer.json", tok.to_str())
+  io_utils.atomic_write_text(out / "tokenizer_config.json",
+                             json.dumps(config, indent=2, ensure_ascii=False))
+  io_utils.atomic_write_text(out / "special_tokens_map.json", json.dumps(special_map, indent=2))
   return out
 
 

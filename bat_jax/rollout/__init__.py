@@ -9,6 +9,7 @@ from bat_jax.rollout.agent_loop import (AgentLoop, AgentTurn, Environment, Polic
 from bat_jax.rollout.engine import (FINISH_REASONS, Completion, Engine, GenerateRequest,
                                     PromptTooLongError, SamplingParams)
 from bat_jax.rollout.jax_engine import JaxEngine, JaxEngineConfig
+from bat_jax.rollout.replay_engine import ScriptedEngine
 from bat_jax.rollout.sglang_client import (ProtocolError, RequestRejectedError, RetryPolicy,
                                            SGLangClient, SGLangEngine, SGLangError,
                                            ServerUnavailableError, WeightSyncTimes, sync_weights)
@@ -21,7 +22,7 @@ __all__ = [
     "GenerateRequest", "JaxEngine", "JaxEngineConfig", "PolicyAgent", "PromptTooLongError",
     "ProtocolError", "RequestRejectedError", "RetryPolicy", "RolloutItem", "RolloutLimits",
     "SGLangClient", "SGLangEngine", "SGLangError", "SGLangLaunchConfig", "SamplingParams",
-    "Score", "ServerProcess", "ServerStartError", "ServerUnavailableError", "TaskEnvironment",
-    "Trajectory", "WeightSyncTimes", "collate", "free_port", "group_by_state", "sglang_command",
-    "sync_weights", "task_environments",
+    "Score", "ScriptedEngine", "ServerProcess", "ServerStartError", "ServerUnavailableError",
+    "TaskEnvironment", "Trajectory", "WeightSyncTimes", "collate", "free_port", "group_by_state",
+    "sglang_command", "sync_weights", "task_environments",
 ]

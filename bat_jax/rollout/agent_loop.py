@@ -24,10 +24,11 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
-from bat_jax import workflow
+from bat_jax import rubric, tasks, workflow
 from bat_jax.rollout.engine import (Completion, Engine, GenerateRequest, PromptTooLongError,
                                     SamplingParams)
 from bat_jax.rollout.trajectory import Trajectory
+from bat_jax.sandbox import SandboxLimits
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,9 @@ class RolloutLimits:
   max_observation_chars: int = workflow.MAX_OBSERVATION_CHARS
   max_turn_tokens: int = 4_096
   max_code_chars: int = 32_768
-  max_context_tokens: Optional[int] = None  # None: the engine decides (PromptTooLongError)
+  # None: the engine decides (the JAX engine raises PromptTooLongError -> "context_full"). Set
+  # it for SGLang, whose answer to an over-long prompt is an HTTP 400 like any bad request.
+  max_context_tokens: Optional[int] = None
 
   def __post_init__(self):
     for f in dataclasses.fields(self):
@@ -74,8 +77,7 @@ class RolloutItem:
       extra = row["extra_info"]
       recipe = extra["workspace_recipe"]
       if instance is None:
-        from bat_jax.tasks import FAMILIES
-        instance = FAMILIES[recipe["track"]].generate(int(recipe["seed"]), recipe["outcome"])
+        instance = tasks.FAMILIES[recipe["track"]].generate(int(recipe["seed"]), recipe["outcome"])
       return cls(state_id=str(extra["state_id"]), focus=str(extra["focus_stage"]),
                  pool=str(extra["source_pool"]), messages=tuple(row["prompt"]),
                  instance=instance)
@@ -106,27 +108,25 @@ class Environment(Protocol):
 class TaskEnvironment:
   """A task workspace at the row's stage boundary, in the bubblewrap sandbox, with its rubric."""
 
-  def __init__(self, item: RolloutItem, root: Path, sandbox_limits: Any = None, *,
+  def __init__(self, item: RolloutItem, root: Path,
+               sandbox_limits: Optional[SandboxLimits] = None, *,
                cache_dir: Optional[Path] = None):
-    from bat_jax.sandbox import SandboxLimits
-    from bat_jax.tasks.episodes import materialize_at
     self.item = item
     boundary = workflow.STAGES[0] if item.focus == workflow.E2E else item.focus
-    self.sandbox = materialize_at(item.instance, boundary, Path(root),
+    self.sandbox = tasks.materialize_at(item.instance, boundary, Path(root),
                                   sandbox_limits or SandboxLimits(), cache_dir=cache_dir)
 
   def execute(self, language: str, code: str) -> str:
     return self.sandbox.execute(language, code).observation
 
   def score(self) -> Score:
-    from bat_jax import rubric
     r = rubric.score(self.item.instance, self.item.focus, self.sandbox.workspace,
                      self.sandbox.evidence)
     return Score(reward=float(r.reward), stage_items=r.stage_items,
                  stage_scores=r.stage_scores, task_score=r.task_score)
 
 
-def task_environments(root: Path, sandbox_limits: Any = None, *,
+def task_environments(root: Path, sandbox_limits: Optional[SandboxLimits] = None, *,
                       cache_dir: Optional[Path] = None
                       ) -> Callable[[RolloutItem, int], Environment]:
   """An environment factory: workspace `root/<state_id>-<g>-<nonce>` per continuation.
@@ -204,12 +204,20 @@ class AgentLoop:
   # -- phases ---------------------------------------------------------------------------------
 
   def _start(self, item: RolloutItem, g: int) -> _Live:
-    prompt = self.chat.encode_prompt(list(item.messages))
+    session = f"{item.state_id}/{g}/{uuid.uuid4().hex[:8]}"
+    error, prompt = None, []
+    try:
+      prompt = self.chat.encode_prompt(list(item.messages))
+    except Exception as e:  # pylint: disable=broad-except
+      error = f"prompt could not be rendered: {type(e).__name__}: {e}"
     traj = Trajectory(state_id=item.state_id, stage=item.focus, pool=item.pool,
                       task_id=str(getattr(item.instance, "task_id", "")), sample_index=g,
                       token_ids=list(prompt), loss_mask=[0] * len(prompt),
                       sampler_logprobs=[0.0] * len(prompt), prompt_len=len(prompt))
-    state = _Live(item, g, f"{item.state_id}/{g}/{uuid.uuid4().hex[:8]}", None, traj)
+    state = _Live(item, g, session, None, traj)
+    if error is not None:
+      state.finish("error", error)
+      return state
     try:
       state.env = self.make_env(item, g)
     except Exception as e:  # pylint: disable=broad-except
@@ -229,7 +237,7 @@ class AgentLoop:
           s.finish("context_full")
           continue
       ready.append((s, GenerateRequest(
-          s.traj.token_ids, dataclasses.replace(self.sampling, max_new_tokens=budget,
+          tuple(s.traj.token_ids), dataclasses.replace(self.sampling, max_new_tokens=budget,
                                                 stop_token_ids=self._stop_ids),
           session_id=s.session)))
     for s, result in zip([s for s, _ in ready], self._generate([r for _, r in ready])):
@@ -313,6 +321,10 @@ class AgentLoop:
       observations = [_clip(o, lim.max_observation_chars) for o in observations]
       after_stop = bool(t.token_ids) and t.token_ids[-1] == self.chat.im_end_id
       delta = self.chat.encode_observation_delta(observations, after_stop=after_stop)
+      if (lim.max_context_tokens is not None
+          and len(t.token_ids) + len(delta) >= lim.max_context_tokens):
+        s.finish("context_full")  # no room for the observation and a next turn
+        continue
       t.token_ids += delta
       t.loss_mask += [0] * len(delta)
       t.sampler_logprobs += [0.0] * len(delta)

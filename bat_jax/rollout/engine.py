@@ -4,7 +4,7 @@ An engine maps token ids to token ids (token-in / token-out): it never sees text
 `Completion` carries exactly the sampled ids and, for each, its log-probability under the
 FULL softmax of the policy at temperature 1 -- the quantity the GRPO trainer recomputes as
 `old_logp`. Sampling knobs (temperature, top-k, top-p) change which token is drawn, not the
-reported logprob; see `bat_jax.rollout.jax_engine` for the consequences.
+reported logprob; see `bat_jax.rollout.sampling` for the consequences.
 
 Multi-turn conversations are continued by sending the full token history again with the same
 `session_id`: an engine that caches state (the JAX engine's slots, SGLang's radix cache) only
@@ -62,7 +62,7 @@ class SamplingParams:
       raise ValueError(f"sampling_params must be a JSON object, got {type(d).__name__}")
     known = {f.name for f in dataclasses.fields(cls)}
     # Accepted for protocol compatibility; they only affect text, which we never trim.
-    ignored = {"skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens", "n"}
+    ignored = {"skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens"}
     unknown = sorted(set(d) - known - ignored)
     if unknown:
       raise ValueError(f"sampling_params has unknown field(s) {unknown}; "

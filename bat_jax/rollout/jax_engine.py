@@ -28,17 +28,19 @@ Every host runs its own engine on its own rollouts; nothing is collective during
 With N hosts x 8 GPUs:
 
 * Co-located (trainer and rollouts share each node): `jax.distributed.initialize()` spans all
-  N*8 devices for the sharded GRPO step (mesh data x fsdp x tensor over N*8). For rollout, each
-  host builds its engine on its 8 *local* devices (a (1, 1, 8) or (8, 1, 1) mesh of
-  `jax.local_devices()`), gets `rows / N` prompts (the Stage Bank batch is split by
-  `jax.process_index()`, whole `state_id` groups per host so G continuations stay together),
-  and the params are resharded from the training mesh to the local rollout mesh with
-  `jax.device_put` (an all-gather over the fsdp axis, no disk). Trajectories come back as host-
-  local arrays and are assembled into the global batch with
-  `jax.make_array_from_process_local_data`. With SGLang instead of the JAX engine, each node
-  runs one SGLang server (TP 8, or DP 8 for small models) and the trainer and SGLang split GPU
-  memory: `XLA_PYTHON_CLIENT_MEM_FRACTION` + `mem_fraction_static` < 1, weights synced from
-  local NVMe via `update_weights_from_disk`, and SGLang's memory released during the update.
+  N*8 devices for the sharded GRPO step, with the mesh laid out data=N (across hosts) x
+  fsdp*tensor=8 (within a host). Then every host's 8 devices hold one complete copy of the
+  params, sharded 8 ways, and the host's engine is built on those *local* shards (a mesh of
+  `jax.local_devices()` with the same logical rules, arrays rebuilt from `addressable_shards`),
+  so a param swap after each update moves nothing between hosts. Each host gets `rows / N`
+  Stage Bank rows (split by `jax.process_index()`, whole `state_id` groups per host so the G
+  continuations of a state share a host and a baseline), and the trajectories come back into
+  the global batch with `jax.make_array_from_process_local_data`. Trainer and engine share
+  HBM: params once, optimizer state, plus the engine's cache of `num_slots` x `max_len`. With
+  SGLang instead of the JAX engine each node runs one SGLang server (TP 8, or DP 8 for small
+  models) next to the trainer; GPU memory is split with `XLA_PYTHON_CLIENT_MEM_FRACTION` +
+  `mem_fraction_static` < 1 and weights are synced from local NVMe by
+  `update_weights_from_disk` (every host exports its own copy, no shared filesystem needed).
 * Separate nodes (T trainer hosts, R rollout hosts, T + R = N): the trainer's
   `jax.distributed` job spans only the T*8 training devices. Each rollout host runs an SGLang
   server (or `python -m bat_jax.serve`) on its 8 GPUs; the trainer's host 0 exports HF
@@ -46,6 +48,9 @@ With N hosts x 8 GPUs:
   server (`SGLangEngine.sync_weights`), and the agent loops on the trainer hosts talk to the
   servers over HTTP (rows split by process index, one server list per host). This decouples
   rollout memory from training memory at the cost of a disk round trip per weight sync.
+
+Status: the single-host engine is tested on CPU; the multi-host placement above is the plan
+(the engine jits on whatever shardings its params carry) and has not been run on GPUs here.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bat_jax.rollout.engine import (Completion, GenerateRequest, PromptTooLongError)
+from bat_jax.rollout.engine import Completion, GenerateRequest, PromptTooLongError
 from bat_jax.rollout.sampling import sample_tokens, token_logprobs
 
 Array = jax.Array
@@ -73,7 +78,9 @@ class JaxEngineConfig:
   Attributes:
     num_slots: conversations held at once (cache batch rows).
     max_len: tokens per slot: prompt + every turn + generated tokens.
-    prefill_chunk: tokens per prefill call.
+    prefill_chunk: the largest number of tokens per prefill call. Shorter suffixes (a tool
+      observation, typically) use the smallest of the buckets 32, 128, 512, ... below it that
+      holds them, so a 50-token delta does not pay for a 2048-token chunk.
     decode_block: decode steps per compiled call before control returns to Python.
     max_stop_ids: stop token ids per request.
     cache_dtype: dtype of the KV / recurrent cache.
@@ -92,10 +99,23 @@ class JaxEngineConfig:
       if getattr(self, name) < 1:
         raise ValueError(f"JaxEngineConfig.{name} = {getattr(self, name)} must be >= 1")
 
+  @property
+  def prefill_buckets(self) -> tuple[int, ...]:
+    """Chunk sizes the prefill compiles for (each one compiled on first use)."""
+    sizes, size = [], 32
+    while size < self.prefill_chunk:
+      sizes.append(size)
+      size *= 4
+    return tuple(sizes) + (self.prefill_chunk,)
+
+  def chunk_for(self, remaining: int) -> int:
+    """The smallest bucket that holds `remaining` tokens (else the largest)."""
+    return next((b for b in self.prefill_buckets if b >= remaining), self.prefill_chunk)
+
 
 @dataclasses.dataclass
 class _Slot:
-  tokens: list[int]               # exactly the tokens whose state is in the cache row
+  tokens: tuple[int, ...]         # exactly the tokens whose state is in the cache row
   session_id: Optional[str] = None
   last_used: int = 0
 
@@ -111,27 +131,15 @@ class JaxEngine:
     self._slots: list[Optional[_Slot]] = [None] * config.num_slots
     self._clock = itertools.count(1)
     self._key = jax.random.key(config.seed)
-    self._build_functions()
-    self._cache = self._fresh_cache(self._params)
-    vocab = jax.eval_shape(lambda p: self._model(p).unembed_kernel(), self._params).shape[-1]
-    self.vocab_size = int(vocab)
-    self._lengths = np.zeros(config.num_slots, np.int32)
-    self._last_logits = jnp.zeros((config.num_slots, vocab), jnp.float32)
-
-  # -- compiled pieces -------------------------------------------------------------------------
-
-  def _model(self, params) -> nnx.Module:
-    return nnx.merge(self._graphdef, params)
-
-  def _fresh_cache(self, params):
-    return _init_cache(self._graphdef, self.config, params)
-
-  def _build_functions(self) -> None:
     # Module-level jits keyed on (graphdef, config): engines of the same model share them.
-    static = (self._graphdef, self.config)
+    static = (self._graphdef, config)
     self._reset = functools.partial(_reset_rows, *static)
     self._prefill = functools.partial(_prefill_chunk, *static)
     self._decode = functools.partial(_decode_block, *static)
+    self._cache = _init_cache(*static, self._params)
+    self.vocab_size = int(model.unembed_kernel().shape[-1])
+    self._lengths = np.zeros(config.num_slots, np.int32)          # tokens in each cache row
+    self._last_logits = jnp.zeros((config.num_slots, self.vocab_size), jnp.float32)
 
   # -- public API ------------------------------------------------------------------------------
 
@@ -162,6 +170,10 @@ class JaxEngine:
         shardings)
     self._weight_version = str(weight_version)
     self.flush()
+
+  def reseed(self, seed: int) -> None:
+    """Restarts the sampler's PRNG stream, so a resumed run can replay the same samples."""
+    self._key = jax.random.key(seed)
 
   def flush(self) -> None:
     """Forgets every cached conversation (the next call prefills from scratch)."""
@@ -208,12 +220,12 @@ class JaxEngine:
     taken: set[int] = set()
     plan: list[Optional[tuple[int, int]]] = [None] * len(wave)
     for i, req in enumerate(wave):  # first, reuse: the same session or an anonymous prefix
-      best = None
+      best, ids = None, tuple(req.input_ids)
       for s, slot in enumerate(self._slots):
         if slot is None or s in taken or slot.session_id != req.session_id:
           continue
         n = len(slot.tokens)
-        if n <= len(req.input_ids) and list(req.input_ids[:n]) == slot.tokens:
+        if n <= len(ids) and ids[:n] == slot.tokens:
           if best is None or n > best[1]:
             best = (s, n)
       if best is not None:
@@ -261,7 +273,7 @@ class JaxEngine:
       toks, logps = outputs[s]
       stop = set(req.sampling.stop_token_ids)
       reason = "stop" if toks and toks[-1] in stop else "length"
-      slot_tokens = [int(t) for t in req.input_ids] + toks
+      slot_tokens = tuple(int(t) for t in req.input_ids) + tuple(toks)
       self._slots[s] = _Slot(slot_tokens, req.session_id, next(self._clock))
       completions.append(Completion(
           output_ids=tuple(toks), logprobs=tuple(logps), finish_reason=reason,
@@ -272,9 +284,10 @@ class JaxEngine:
   def _prefill_deltas(self, deltas: dict[int, list[int]]) -> None:
     """Feeds each slot's new tokens in [S, C] chunks; rows without tokens are invalid."""
     cfg = self.config
-    chunk = cfg.prefill_chunk
     longest = max((len(d) for d in deltas.values()), default=0)
-    for start in range(0, longest, chunk):
+    start = 0
+    while start < longest:
+      chunk = cfg.chunk_for(longest - start)
       tokens = np.zeros((cfg.num_slots, chunk), np.int32)
       valid = np.zeros((cfg.num_slots, chunk), bool)
       last_idx = np.full(cfg.num_slots, -1, np.int32)
@@ -289,6 +302,7 @@ class JaxEngine:
           self._params, self._cache, self._last_logits, jnp.asarray(tokens),
           jnp.asarray(valid), jnp.asarray(positions), jnp.asarray(last_idx))
       self._lengths += valid.sum(axis=1).astype(np.int32)
+      start += chunk
 
   def _decode_all(self, rows, budget, temperature, top_p, top_k, stop_ids
                   ) -> dict[int, tuple[list[int], list[float]]]:

@@ -14,6 +14,8 @@ import stat
 from pathlib import Path, PurePosixPath
 from typing import Iterator, Mapping, Optional
 
+from bat_jax import io_utils
+
 _CHUNK = 1 << 20
 # Domain-separates a symlink's fingerprint from a regular file holding the same bytes.
 _SYMLINK_PREFIX = b"symlink\0"
@@ -121,21 +123,6 @@ def _checked_relpath(rel: str) -> PurePosixPath:
   return p
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-  tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-  # O_EXCL | O_NOFOLLOW: never write through a pre-planted file or link at the tmp name.
-  fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)  # replaces a link at `path` itself; never writes through it
-  except BaseException:
-    tmp.unlink(missing_ok=True)
-    raise
-
-
 def materialize(files: Mapping[str, bytes | str], root: Path) -> None:
   """Writes {relpath: content} under root (str content as UTF-8), creating folders.
 
@@ -165,4 +152,5 @@ def materialize(files: Mapping[str, bytes | str], root: Path) -> None:
                          "to write through it")
       if not stat.S_ISDIR(st.st_mode):
         raise ValueError(f"materialize: {rel!r} needs {str(parent)!r} to be a folder")
-    _atomic_write(parent / p.parts[-1], bytes(content))
+    # Scratch files: atomic, but no folder fsync per file (a crash loses the episode).
+    io_utils.atomic_write_bytes(parent / p.parts[-1], bytes(content), sync_dir=False)

@@ -70,8 +70,8 @@ def _build(args: argparse.Namespace) -> Path:
 
 
 def _sft(args: argparse.Namespace) -> Path:
-  checker = leakcheck.LeakChecker(build.load_matcher(args.markers, required=args.markers
-                                                    is not None))
+  matcher = build.load_matcher(args.markers, required=args.markers is not None)
+  checker = leakcheck.LeakChecker(matcher)
   spec = sft_rows.SftSpec(seed=args.seed, tasks_per_state=args.tasks_per_state)
   return sft_rows.build_sft_set(args.out, spec, checker)
 

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from bat_jax import io_utils
 from bat_jax.stagebank import build
 from bat_jax.stagebank import leakcheck
 from bat_jax.stagebank import rl_rows
@@ -76,7 +77,7 @@ def request_round(bank: Path, round_index: int, weights: Any, *, target: str | N
   request = {"round": round_index, "target": w.primary_stage, "weights": w.to_json()}
   _failed_path(bank, round_index).unlink(missing_ok=True)
   path = _request_path(bank, round_index)
-  shards.atomic_write_json(path, request)
+  io_utils.atomic_write_json(path, request)
   return path
 
 
@@ -190,11 +191,11 @@ def _handle_request(bank: Path, path: Path, source: rl_rows.TaskSource, *, seed:
     logging.info("published %s in %.2fs", out, time.monotonic() - t0)
   except leakcheck.RoundRejected as e:
     logging.error("%s", e)
-    shards.atomic_write_json(_failed_path(bank, round_index),
+    io_utils.atomic_write_json(_failed_path(bank, round_index),
                              {"error": str(e), "leak_receipt": e.receipt.to_json()})
   except Exception as e:  # noqa: BLE001 - any failure must reach the client, not kill serving
     logging.exception("request %s failed", path)
-    shards.atomic_write_json(_failed_path(bank, round_index),
+    io_utils.atomic_write_json(_failed_path(bank, round_index),
                              {"error": f"{type(e).__name__}: {e}"})
 
 
@@ -213,7 +214,7 @@ def serve(bank: Path, source_factory: Callable[[], rl_rows.TaskSource], *, seed:
     for sig in (signal.SIGTERM, signal.SIGINT):
       signal.signal(sig, lambda *_: stop.set())
   server_file = bank / SERVER_FILE
-  shards.atomic_write_json(server_file, {"pid": os.getpid(), "seed": seed,
+  io_utils.atomic_write_json(server_file, {"pid": os.getpid(), "seed": seed,
                                          "n_batches": n_batches, "rows_per_batch": rows_per_batch})
   source = source_factory()
   handled = 0

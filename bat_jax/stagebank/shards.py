@@ -27,6 +27,8 @@ from typing import Any, Mapping, Sequence
 
 from array_record.python import array_record_module
 
+from bat_jax import io_utils
+
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 SHARD_SUFFIX = ".array_record"
@@ -72,31 +74,6 @@ def sha256_file(path: Path) -> str:
   return h.hexdigest()
 
 
-def _fsync_path(path: Path) -> None:
-  fd = os.open(path, os.O_RDONLY)
-  try:
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-  """Writes JSON to `path` via tmp file + fsync + rename (+ fsync of the directory)."""
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(json.dumps(obj, sort_keys=True, indent=1).encode("utf-8"))
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    Path(tmp).unlink(missing_ok=True)
-    raise
-  _fsync_path(path.parent)
-
-
 def write_shard(path: Path, rows: Sequence[Any]) -> int:
   """Writes rows to one ArrayRecord file and fsyncs it; returns the row count."""
   writer = array_record_module.ArrayRecordWriter(str(path), _WRITER_OPTIONS)
@@ -105,7 +82,7 @@ def write_shard(path: Path, rows: Sequence[Any]) -> int:
       writer.write(encode_row(row))
   finally:
     writer.close()
-  _fsync_path(path)
+  io_utils.fsync_file(path)
   return len(rows)
 
 
@@ -137,15 +114,15 @@ def publish_dir(final: Path, pools: Mapping[str, Sequence[Any]],
     manifest = {"schema_version": SCHEMA_VERSION, "shards": shards,
                 "total_rows": sum(s["rows"] for s in shards.values()), **manifest_fields}
     (tmp / MANIFEST).write_bytes(json.dumps(manifest, sort_keys=True, indent=1).encode())
-    _fsync_path(tmp / MANIFEST)
-    _fsync_path(tmp)
+    io_utils.fsync_file(tmp / MANIFEST)
+    io_utils.fsync_dir(tmp)
     if final.exists():
       if load_manifest(final) != manifest:
         raise RoundExistsError(f"{final} is already published with a different manifest")
       shutil.rmtree(tmp)
       return final
     os.rename(tmp, final)  # atomic: readers see nothing or the complete directory
-    _fsync_path(final.parent)
+    io_utils.fsync_dir(final.parent)
     return final
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)

@@ -1,5 +1,10 @@
 """Training-side task families: generators, expert solvers, stage-boundary workspaces.
 
+The machinery is shared with the held-out evaluator and lives in `bat_jax.taskkit`; this package
+holds only the training side's own content -- its name pool and seed stream (`TRAIN_NAMES`), its
+family instances (`FAMILIES`), its brief wording (`brief_for`) and the expert sweep over them --
+and re-exports the machinery so callers keep one import.
+
 Public API (see the contract in workflow.py):
   FAMILIES[track].generate(seed, outcome) -> TaskInstance
   expert_actions(instance, stage) -> list[Action]
@@ -7,10 +12,10 @@ Public API (see the contract in workflow.py):
   brief_for(instance, focus) -> str
 """
 
-from bat_jax.tasks.base import (TRAIN_NAMES, NamePool, TaskInstance, TrackFamily, brief_for)
-from bat_jax.tasks.expert import Action, expert_actions
-from bat_jax.tasks.families import FAMILIES
-from bat_jax.tasks.episodes import expert_episode, materialize_at, run_expert
+from bat_jax.taskkit import (Action, NamePool, TaskInstance, TrackFamily, expert_actions,
+                             expert_episode, materialize_at, run_expert)
+from bat_jax.tasks.briefs import brief_for
+from bat_jax.tasks.families import FAMILIES, TRAIN_NAMES
 
 __all__ = ["FAMILIES", "TRAIN_NAMES", "Action", "NamePool", "TaskInstance", "TrackFamily",
            "brief_for", "expert_actions", "expert_episode", "materialize_at", "run_expert"]

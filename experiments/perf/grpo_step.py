@@ -122,7 +122,7 @@ def run_torch(args, weights_dir: str, queue) -> None:
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
-    return loss
+    return loss.detach()
 
   rss_before = _rss_mb()
   first_loss = float(step())
@@ -188,9 +188,9 @@ def mfu(args) -> None:
   model = build_model(cfg, rngs=nnx.Rngs(0))
   graphdef, params, rest = grpo.split_model(model)
   n_params = sum(x.size for x in jax.tree.leaves(params))
-  n_embed = cfg.vocab_size * cfg.hidden_size
-  # Matmul params per token: everything but the embedding gather, plus the unembedding.
-  n_matmul = n_params - n_embed + n_embed
+  # Matmul params per token: an untied input embedding is a gather (no FLOPs); a tied one is
+  # also the unembedding matmul.
+  n_matmul = n_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
   n_attn = sum(t == "full_attention" for t in cfg.layer_types)
   attn_flops = 6 * n_attn * cfg.num_attention_heads * cfg.head_dim * args.seq  # causal ~ T/2
   flops_per_token = 6 * n_matmul + attn_flops

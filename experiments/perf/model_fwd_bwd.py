@@ -3,9 +3,14 @@
 Both models hold the same random weights (the PyTorch model is exported to HF
 safetensors and loaded with `bat_jax.model.load_pretrained`), see the same
 batch and compute the same next-token cross-entropy; the backward pass
-produces gradients for every parameter. The last line is the ratio.
+produces gradients for every parameter. `--attention-impl` picks the JAX
+softmax-attention kernel; the compiled step's XLA temp memory is printed too
+(long `--seq` shows dense [B, H, T, T] attention vs chunked). The last line is
+the ratio.
 
   PYTHONPATH=. python experiments/perf/model_fwd_bwd.py --family qwen3_5 --batch 4 --seq 256
+  PYTHONPATH=. python experiments/perf/model_fwd_bwd.py --family qwen3 --batch 1 --seq 4096 \
+      --attention-impl chunked
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ import transformers
 from flax import nnx
 
 from bat_jax.model import load_pretrained
+from bat_jax.model.decoder import with_attention_impl
 
 
 def tiny_config(family: str, layers: int) -> dict:
   common = dict(vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=layers,
                 num_attention_heads=8, num_key_value_heads=2, head_dim=32,
-                max_position_embeddings=4096, tie_word_embeddings=False)
+                max_position_embeddings=32768, tie_word_embeddings=False)
   if family == "qwen3":
     return dict(model_type="qwen3", rope_parameters={"rope_type": "default", "rope_theta": 1e6},
                 **common)
@@ -58,6 +64,9 @@ def main() -> None:
   parser.add_argument("--batch", type=int, default=4)
   parser.add_argument("--seq", type=int, default=256)
   parser.add_argument("--iters", type=int, default=5)
+  parser.add_argument("--attention-impl", choices=["auto", "xla", "cudnn", "chunked"],
+                      default="auto")
+  parser.add_argument("--attention-block", type=int, default=512)
   args = parser.parse_args()
 
   hf_dict = tiny_config(args.family, args.layers)
@@ -68,6 +77,8 @@ def main() -> None:
   with tempfile.TemporaryDirectory() as tmp:
     torch_model.save_pretrained(Path(tmp))
     model = load_pretrained(tmp)
+  impl = None if args.attention_impl == "auto" else args.attention_impl
+  model = with_attention_impl(model, impl, block_size=args.attention_block)
   graphdef, params = nnx.split(model, nnx.Param)
 
   ids_np = np.random.RandomState(0).randint(0, hf_dict["vocab_size"], (args.batch, args.seq))
@@ -90,6 +101,7 @@ def main() -> None:
     loss.backward()
     return loss
 
+  temp_bytes = jax_step.lower(params, ids).compile().memory_analysis().temp_size_in_bytes
   jax_loss, _ = jax_step(params, ids)
   torch_loss = torch_step()
   print(f"loss jax={float(jax_loss):.6f} torch={float(torch_loss):.6f}")
@@ -98,7 +110,9 @@ def main() -> None:
   jax_s = time_it(lambda: jax.block_until_ready(jax_step(params, ids)), args.iters)
   torch_s = time_it(torch_step, args.iters)
   print(f"config: family={args.family} layers={args.layers} batch={args.batch} seq={args.seq} "
+        f"attention_impl={args.attention_impl} block={args.attention_block} "
         f"jax_devices={jax.devices()[0].platform} torch_threads={torch.get_num_threads()}")
+  print(f"jax compiled fwd+bwd temp memory: {temp_bytes / 2**20:.1f} MiB")
   print(f"jax   fwd+bwd: {jax_s * 1e3:8.1f} ms/step  {tokens / jax_s:10.0f} tokens/s")
   print(f"torch fwd+bwd: {torch_s * 1e3:8.1f} ms/step  {tokens / torch_s:10.0f} tokens/s")
   print(f"ratio jax/torch tokens/s: {torch_s / jax_s:.2f}")

@@ -15,7 +15,9 @@ Three measurements, one run:
 The last line is the decode ratio (JAX / torch).
 
   PYTHONPATH=. python experiments/perf/rollout_decode.py --batch 8 --prompt 64 --new 64
-  PYTHONPATH=. python experiments/perf/rollout_decode.py --gpu --batch 64 --prompt 1024 --new 512
+  PYTHONPATH=. python experiments/perf/rollout_decode.py --only_gpu --batch 64 --prompt 1024 \
+      --new 512
+  PYTHONPATH=. python experiments/perf/rollout_decode.py --only_gpu --gpu_preset tiny  # CPU smoke
 """
 
 from __future__ import annotations
@@ -69,15 +71,12 @@ def torch_decode(weights_dir: str, prompts: np.ndarray, new_tokens: int,
 def rollout_throughput(model, *, items: int, group: int, max_turns: int,
                        turn_tokens: int) -> None:
   """Trajectories/min of the agent loop with the real sandbox: expert script and tiny policy."""
-  sys.path.insert(0, str(Path(__file__).parents[2] / "tests" / "rollout"))
-  from rollout_fixtures import ScriptedEngine  # the scripted test engine (no model)
-
   from bat_jax import workflow
   from bat_jax.model import tokenizer as tk
   from bat_jax.rollout import (AgentLoop, JaxEngine, JaxEngineConfig, RolloutItem,
                                RolloutLimits, SamplingParams, task_environments)
-  from bat_jax.tasks import FAMILIES
-  from bat_jax.tasks.expert import expert_actions
+  from bat_jax.rollout.replay_engine import ScriptedEngine  # replays the expert (no model)
+  from bat_jax.tasks import FAMILIES, expert_actions
 
   with tempfile.TemporaryDirectory() as tmp:
     tmp = Path(tmp)
@@ -113,7 +112,7 @@ def rollout_throughput(model, *, items: int, group: int, max_turns: int,
                      sampling=SamplingParams(temperature=1.0),
                      limits=RolloutLimits(max_assistant_turns=max_turns,
                                           max_turn_tokens=turn_tokens))
-    loop.run(rows[:1], 1)  # compile
+    loop.run(rows, group)  # compile every prefill bucket and the decode block
     start = time.perf_counter()
     trajs = loop.run(rows, group)
     seconds = time.perf_counter() - start
@@ -124,28 +123,36 @@ def rollout_throughput(model, *, items: int, group: int, max_turns: int,
 
 
 def gpu_1b(args) -> None:
-  """bf16 ~1B Qwen3.5: decode tokens/s and weight-sync seconds (export + reload + swap)."""
+  """bf16 ~1B Qwen3.5: decode tokens/s and weight-sync seconds (export + reload + swap).
+
+  `--gpu_preset tiny` runs the same path with a small config (a CPU smoke test).
+  """
   import jax
   from flax import nnx
 
   from bat_jax.model import ModelConfig, build_model, load_pretrained, save_pretrained
-  layers = 16
-  cfg = ModelConfig.from_hf_dict(dict(
-      model_type="qwen3_5_text", vocab_size=151936, hidden_size=2048, intermediate_size=5632,
-      num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
-      layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
-                   for i in range(layers)],
-      linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
-      linear_num_key_heads=16, linear_num_value_heads=16, tie_word_embeddings=True,
-      rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}),
-      dtype="bfloat16", param_dtype="bfloat16")
+  if args.gpu_preset == "tiny":
+    hf = dict(tiny_config("qwen3_5", 4), tie_word_embeddings=True)
+  else:
+    layers = 16
+    hf = dict(
+        model_type="qwen3_5_text", vocab_size=151936, hidden_size=2048, intermediate_size=5632,
+        num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                     for i in range(layers)],
+        linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_num_key_heads=16, linear_num_value_heads=16, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7,
+                         "partial_rotary_factor": 0.25})
+  cfg = ModelConfig.from_hf_dict(hf, dtype="bfloat16", param_dtype="bfloat16")
   model = build_model(cfg, rngs=nnx.Rngs(0))
   n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   prompts = np.random.RandomState(0).randint(0, cfg.vocab_size, (args.batch, args.prompt))
   from bat_jax.rollout import JaxEngine
   seconds, _ = jax_decode(model, prompts, args.new, max_len=args.prompt + args.new + 1,
                           repeats=2)
-  print(f"gpu decode: {n_params / 1e9:.2f}B params bf16, batch={args.batch} "
+  platform = jax.devices()[0].platform
+  print(f"{platform} decode: {n_params / 1e6:.1f}M params bf16, batch={args.batch} "
         f"prompt={args.prompt} new={args.new}: {args.batch * args.new / seconds:.0f} tokens/s "
         f"({seconds:.2f}s per generate incl. prefill)")
   engine = JaxEngine(model)
@@ -158,8 +165,8 @@ def gpu_1b(args) -> None:
     engine.update_params(loaded, "1")
     jax.block_until_ready(engine.params)
     t3 = time.perf_counter()
-  print(f"gpu weight sync: export {t1 - t0:.1f}s + load {t2 - t1:.1f}s + swap {t3 - t2:.2f}s "
-        f"= {t3 - t0:.1f}s")
+  print(f"{platform} weight sync: export {t1 - t0:.1f}s + load {t2 - t1:.1f}s + "
+        f"swap {t3 - t2:.2f}s = {t3 - t0:.1f}s")
 
 
 def main() -> None:
@@ -172,7 +179,12 @@ def main() -> None:
   parser.add_argument("--items", type=int, default=2, help="rows for the rollout measurement")
   parser.add_argument("--group", type=int, default=4, help="continuations per row")
   parser.add_argument("--gpu", action="store_true", help="also the ~1B bf16 GPU measurement")
+  parser.add_argument("--gpu_preset", choices=["1b", "tiny"], default="1b")
+  parser.add_argument("--only_gpu", action="store_true", help="skip the CPU comparison")
   args = parser.parse_args()
+  if args.only_gpu:
+    gpu_1b(args)
+    return
 
   import torch
   import transformers
@@ -199,8 +211,8 @@ def main() -> None:
   print(f"config: qwen3_5 layers={args.layers} batch={args.batch} prompt={args.prompt} "
         f"new={args.new} torch_threads={torch.get_num_threads()}; greedy tokens equal: "
         f"{100 * agree:.1f}%")
-  print(f"jax engine generate: {jax_s:.3f}s  {tokens / jax_s:9.0f} new tokens/s (prefill incl.)")
-  print(f"torch generate:      {torch_s:.3f}s  {tokens / torch_s:9.0f} new tokens/s (prefill incl.)")
+  print(f"jax engine generate: {jax_s:.3f}s {tokens / jax_s:9.0f} new tokens/s (prefill incl.)")
+  print(f"torch generate:      {torch_s:.3f}s {tokens / torch_s:9.0f} new tokens/s (prefill incl.)")
   print(f"ratio jax/torch decode tokens/s: {torch_s / jax_s:.2f}")
 
 

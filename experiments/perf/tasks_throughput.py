@@ -20,7 +20,7 @@ from pathlib import Path
 from bat_jax import workflow
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.tasks import FAMILIES, expert_episode
-from bat_jax.tasks.episodes import expert_sweep
+from bat_jax.tasks.sweep import expert_sweep
 from experiments.perf.sandbox_overhead import measure_overhead
 
 LIMITS = SandboxLimits(wall_s=60.0)

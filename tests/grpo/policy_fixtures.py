@@ -43,7 +43,7 @@ def grpo_batch(seed: int, batch: int = 8, length: int = 12) -> dict[str, np.ndar
 
 
 def sft_examples(num: int = 24, seed: int = 0) -> list[tuple[list[int], list[int]]]:
-  """Random `(ids, loss_mask)` conversations of 8..16 tokens whose last 2..5 tokens are the target."""
+  """Random `(ids, loss_mask)` conversations of 8..16 tokens; the last 2..5 are the target."""
   rng = np.random.default_rng(seed)
   out = []
   for _ in range(num):

@@ -1,5 +1,6 @@
 """group_advantages against a loop-based NumPy reference."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -56,3 +57,12 @@ def test_bad_inputs_name_the_fault():
   with pytest.raises(ValueError, match="std_normalize.*rloo"):
     group_advantages(np.zeros(4), np.zeros(4, int), mode="rloo", std_normalize=True)
   assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "rloo"}
+
+
+def test_nan_reward_under_jit_stays_in_its_group():
+  # Traced rewards cannot raise: the NaN stays inside its own group (other groups are exact) and
+  # the train step's finite guard then skips the update.
+  rewards = np.array([1.0, np.nan, 0.0, 1.0], np.float32)
+  got = np.asarray(jax.jit(group_advantages)(rewards, np.array([0, 0, 1, 1])))
+  assert np.all(np.isnan(got[:2]))
+  np.testing.assert_allclose(got[2:], [-0.5, 0.5])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import jax
 import torch
 from flax import nnx
 import transformers
@@ -79,8 +80,14 @@ def torch_logits(model: torch.nn.Module, ids) -> torch.Tensor:
 
 
 @nnx.jit
-def jit_call(model, ids, positions=None, cache=None, valid=None):
-  """`model(ids, ...)` under jit (eager op-by-op dispatch is far slower on CPU)."""
+def _jit_call(model, ids, positions, cache, valid):
   if cache is None:
     return model(ids, positions=positions, valid=valid)
   return model(ids, positions=positions, cache=cache, valid=valid)
+
+
+def jit_call(model, ids, positions=None, cache=None, valid=None):
+  """`model(ids, ...)` under jit (eager op-by-op dispatch is far slower on CPU), with
+  full fp32 matmul precision so parity also holds on GPUs (no TF32)."""
+  with jax.default_matmul_precision("highest"):
+    return _jit_call(model, ids, positions, cache, valid)

@@ -81,3 +81,23 @@ def test_hidden_states_times_unembed_is_logits(model_and_ids):
   assert hidden.shape == (3, 20, model.config.hidden_size)
   np.testing.assert_allclose(hidden @ model.unembed_kernel(), full, atol=1e-5)
   assert model.unembed_kernel().shape == (model.config.hidden_size, model.config.vocab_size)
+
+
+def test_remat_policy_keeps_loss_and_gradients(model_and_ids):
+  model, ids, _ = model_and_ids
+  if not model.config.is_hybrid:
+    pytest.skip("remat wraps layers generically; the hybrid model covers both layer kinds")
+  graphdef, params = nnx.split(model)
+
+  def loss(p, policy):
+    hidden = nnx.merge(graphdef, p).hidden_states(ids, remat_policy=policy)
+    return jnp.mean(jnp.sin(hidden))
+
+  plain = jax.jit(jax.value_and_grad(lambda p: loss(p, None)))(params)
+  remat = jax.jit(jax.value_and_grad(
+      lambda p: loss(p, jax.checkpoint_policies.nothing_saveable)))(params)
+  for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(remat)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  with pytest.raises(ValueError, match="remat_policy"):
+    model.hidden_states(ids, cache=model.init_cache(3, 24),
+                        remat_policy=jax.checkpoint_policies.nothing_saveable)

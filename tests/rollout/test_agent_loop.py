@@ -10,8 +10,8 @@ import pytest
 from bat_jax import workflow
 from bat_jax.rollout.agent_loop import (AgentLoop, PolicyAgent, RolloutItem, RolloutLimits,
                                         Score)
+from bat_jax.rollout.replay_engine import ScriptedEngine
 from bat_jax.rollout.trajectory import collate
-from rollout_fixtures import ScriptedEngine
 
 MESSAGES = ({"role": "system", "content": "You are a research agent."},
             {"role": "user", "content": "Plan the segmentation task."})
@@ -205,3 +205,14 @@ def test_rollout_item_from_a_stage_bank_row():
   with pytest.raises(ValueError, match="missing field 'extra_info'"):
     RolloutItem.from_row({"prompt": []})
   assert dataclasses.replace(it, focus="E2E").focus == "E2E"
+
+
+def test_unrenderable_prompt_and_context_limit(chat):
+  script = lambda s, k: chat.render_action(action(f"print({k})"))
+  limit = len(chat.encode_prompt(list(MESSAGES))) + 150
+  loop, _, _ = make_loop(chat, script, limits=RolloutLimits(max_context_tokens=limit))
+  bad = RolloutItem("bad", "S1", "s_mix", ({"role": "user", "content": 5},), None)
+  broken, full = loop.run([bad, item()], group_size=1)
+  assert broken.finish_reason == "error" and "prompt could not be rendered" in broken.error
+  assert full.finish_reason == "context_full" and full.num_turns >= 2
+  assert len(full.token_ids) <= limit and sum(full.loss_mask) == full.num_response_tokens

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from flax import nnx
 
 from bat_jax import workflow
@@ -12,10 +11,10 @@ from bat_jax.grpo.logprobs import taken_token_logprobs
 from bat_jax.rollout.agent_loop import AgentLoop, RolloutItem, RolloutLimits, task_environments
 from bat_jax.rollout.engine import SamplingParams
 from bat_jax.rollout.jax_engine import JaxEngine
+from bat_jax.rollout.replay_engine import ScriptedEngine
 from bat_jax.sandbox import SandboxLimits
-from bat_jax.tasks import FAMILIES
-from bat_jax.tasks.expert import expert_actions
-from rollout_fixtures import LONG_ENGINE, ScriptedEngine
+from bat_jax.tasks import FAMILIES, expert_actions
+from rollout_fixtures import LONG_ENGINE
 
 LIMITS = SandboxLimits(wall_s=20.0, cpu_s=10)
 

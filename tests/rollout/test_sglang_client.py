@@ -9,17 +9,21 @@ import time
 
 import httpx
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
+from bat_jax.grpo.logprobs import taken_token_logprobs
 from bat_jax.model import load_pretrained, save_pretrained
+from bat_jax.rollout import AgentLoop, RolloutItem, RolloutLimits, Score
 from bat_jax.rollout.engine import GenerateRequest, SamplingParams
 from bat_jax.rollout.jax_engine import JaxEngine
 from bat_jax.rollout.sglang_client import (ProtocolError, RequestRejectedError, RetryPolicy,
                                            SGLangClient, SGLangEngine, ServerUnavailableError,
                                            parse_generate_response)
 from bat_jax.serve import ServeApp, ServedModel, serve_in_thread
-from rollout_fixtures import SMALL_ENGINE
+from rollout_fixtures import LONG_ENGINE, SMALL_ENGINE
 
 CFG = SMALL_ENGINE
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
@@ -191,3 +195,60 @@ def test_sampling_params_round_trip_the_sglang_json():
   assert SamplingParams.from_dict(json.loads(json.dumps(sp.to_dict()))) == sp
   with pytest.raises(ValueError, match=r"unknown field\(s\) \['temprature'\]"):
     SamplingParams.from_dict({"temprature": 1.0})
+
+
+class _Recording:
+  """Wraps an engine and keeps every completion."""
+
+  def __init__(self, engine):
+    self.engine, self.completions = engine, []
+
+  def generate(self, requests):
+    out = self.engine.generate(requests)
+    self.completions.extend(out)
+    return out
+
+  def release(self, session_ids):
+    self.engine.release(session_ids)
+
+  @property
+  def weight_version(self):
+    return self.engine.weight_version
+
+
+class _NoTools:
+  def execute(self, language, code):
+    return "exit_code=0\nstdout:\nstderr:"
+
+  def score(self):
+    return Score(reward=0.5, stage_items={}, stage_scores={}, task_score=None)
+
+
+def test_agent_loop_over_http_keeps_trainer_logprobs_and_reuses_prefixes(model, tokenizer, chat):
+  """The SGLang path end to end on a CPU: agent loop -> SGLangEngine -> HTTP -> JAX engine."""
+  served = ServedModel(engine=JaxEngine(model, LONG_ENGINE), model_path="tiny",
+                       load=lambda p: None, tokenizer=tokenizer, chat_format=chat)
+  app = ServeApp(served)
+  httpd, url = serve_in_thread(app)
+  engine = _Recording(SGLangEngine(url, retry=FAST_RETRY))
+  try:
+    loop = AgentLoop(engine, chat, lambda item, g: _NoTools(),
+                     sampling=SamplingParams(temperature=1.0),
+                     limits=RolloutLimits(max_assistant_turns=3, max_turn_tokens=5))
+    item = RolloutItem("s", "S2", "s_mix", ({"role": "user", "content": "Set up the task."},),
+                       None)
+    trajs = loop.run([item], group_size=2)
+  finally:
+    engine.engine.close()
+    httpd.shutdown()
+    httpd.server_close()
+    app.close()
+  assert [t.num_turns for t in trajs] == [3, 3] and all(t.reward == 0.5 for t in trajs)
+  # Turns after the first continue a cached prefix on the server (no recomputation).
+  assert [c.cached_tokens > 0 for c in engine.completions] == [False, False] + [True] * 4
+  for t in trajs:
+    logp, _ = nnx.jit(lambda m, ids: taken_token_logprobs(m, ids, chunk_size=256))(
+        model, jnp.asarray([t.token_ids], jnp.int32))
+    mask = np.array(t.loss_mask, bool)
+    np.testing.assert_allclose(np.array(t.sampler_logprobs)[mask], np.asarray(logp[0])[mask],
+                               atol=1e-4)

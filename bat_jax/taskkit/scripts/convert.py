@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from bat_jax.tasks.scripts.checks import atomic_write_json  # inlined
+from bat_jax.taskkit.scripts.checks import atomic_write_json  # inlined
 
 
 def convert(blob, target):

@@ -10,8 +10,8 @@ import io
 import json
 import os
 
-from bat_jax.tasks.runners._common import format_pgm, parse_pgm  # inlined
-from bat_jax.tasks.scripts.checks import atomic_write_text  # inlined
+from bat_jax.taskkit.runners._common import format_pgm, parse_pgm  # inlined
+from bat_jax.taskkit.scripts.checks import atomic_write_text  # inlined
 
 FORMATS = ("csv", "jsonl", "coco_json", "pgm_dir", "txt_dir")
 

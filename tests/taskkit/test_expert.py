@@ -1,4 +1,5 @@
-"""The expert solver in the real sandbox: every track x outcome x boundary scores >= 0.95."""
+"""The expert solver and stage-boundary workspaces in the real sandbox: every track x outcome x
+boundary scores >= 0.95."""
 
 import json
 
@@ -6,8 +7,9 @@ import pytest
 
 from bat_jax import workflow
 from bat_jax.sandbox import SandboxLimits, fingerprint
-from bat_jax.tasks import FAMILIES, expert_actions, expert_episode, materialize_at
-from bat_jax.tasks.episodes import EVIDENCE, HANDOFF_EVIDENCE, expert_sweep
+from bat_jax.taskkit import expert_actions, expert_episode, materialize_at
+from bat_jax.taskkit.episodes import EVIDENCE, HANDOFF_EVIDENCE
+from bat_jax.tasks import FAMILIES  # concrete tasks to run the machinery on
 
 CELLS = [(t, o) for t in workflow.TRACKS for o in workflow.OUTCOMES]
 LIMITS = SandboxLimits(wall_s=60.0)
@@ -39,13 +41,14 @@ def test_recovery_fix_follows_the_fault():
 
 @pytest.mark.parametrize("i,cell", list(enumerate(CELLS)))
 def test_expert_scores_on_every_cell(require_bwrap, tmp_path, i, cell):
-  """One seed per cell: E2E, then every stage boundary (from the E2E run's cached snapshots)."""
+  """One seed per cell: E2E, then two stage boundaries (rotating, so each boundary is covered
+  for every outcome and most tracks; the slow sweep covers every cell x boundary x 20 seeds)."""
   track, outcome = cell
   inst = FAMILIES[track].generate(100 + i, outcome)
   e2e = expert_episode(inst, workflow.E2E, tmp_path / "e2e", LIMITS, cache_dir=tmp_path / "c")
   assert e2e.result.reward >= 0.95, e2e.result
   assert e2e.result.task_score >= 0.95
-  for stage in workflow.STAGES:
+  for stage in (workflow.STAGES[i % 5], workflow.STAGES[(i + 3) % 5]):
     local = expert_episode(inst, stage, tmp_path / stage, LIMITS, cache_dir=tmp_path / "c")
     assert local.result.reward >= 0.95, (stage, local.result)
     assert set(local.result.stage_scores) == {stage} and local.result.task_score is None
@@ -74,12 +77,3 @@ def test_materialize_at_boundary(require_bwrap, tmp_path):
     materialize_at(inst, "S2", tmp_path / "row4", LIMITS)
   with pytest.raises(ValueError, match="S9"):
     materialize_at(inst, "S9", tmp_path / "row5", LIMITS)
-
-
-@pytest.mark.slow
-def test_expert_sweep_twenty_seeds(require_bwrap, tmp_path):
-  table = expert_sweep(range(20), tmp_path, limits=LIMITS, processes=2)
-  assert len(table) == len(workflow.TRACKS) * len(workflow.OUTCOMES) * len(workflow.FOCI)
-  worst = {k: min(v) for k, v in table.items()}
-  assert all(len(v) == 20 for v in table.values())
-  assert min(worst.values()) >= 0.95, {k: v for k, v in worst.items() if v < 0.95}

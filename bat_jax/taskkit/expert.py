@@ -12,10 +12,10 @@ import json
 from typing import Any
 
 from bat_jax import workflow
-from bat_jax.tasks import sources
-from bat_jax.tasks.base import TaskInstance
-from bat_jax.tasks.runners import _common
-from bat_jax.tasks.scripts import checks, infer, submission
+from bat_jax.taskkit import sources
+from bat_jax.taskkit.base import TaskInstance
+from bat_jax.taskkit.runners import _common
+from bat_jax.taskkit.scripts import checks, infer, submission
 
 Action = dict[str, Any]
 A = workflow.ARTIFACTS
@@ -148,9 +148,9 @@ def _heredoc(path: str, text: str) -> str:
   return f"cat > {path} <<'PYEOF'\n{text}PYEOF\n"
 
 
-_SIBLING = {"from bat_jax.tasks.scripts.checks import atomic_write_text  # inlined":
+_SIBLING = {"from bat_jax.taskkit.scripts.checks import atomic_write_text  # inlined":
             "from checks import atomic_write_text",
-            "from bat_jax.tasks.runners._common import format_pgm, parse_pgm  # inlined":
+            "from bat_jax.taskkit.runners._common import format_pgm, parse_pgm  # inlined":
             "from checks import format_pgm, parse_pgm"}
 
 

@@ -15,7 +15,7 @@ import importlib.util
 import json
 import sys
 
-from bat_jax.tasks.scripts.checks import atomic_write_text  # inlined
+from bat_jax.taskkit.scripts.checks import atomic_write_text  # inlined
 
 CONFIG = "pipeline/config.json"
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from bat_jax.tasks import metrics, sources
-from bat_jax.tasks.runners import _common, detection, segmentation
-from bat_jax.tasks.scripts import checks, submission
+from bat_jax.taskkit import metrics, sources
+from bat_jax.taskkit.runners import _common, detection, segmentation
+from bat_jax.taskkit.scripts import checks, submission
 
 
 def test_metrics_by_hand():

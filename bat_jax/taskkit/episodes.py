@@ -17,9 +17,8 @@ from typing import Optional
 
 from bat_jax import rubric, workflow
 from bat_jax.sandbox import ExecResult, Sandbox, SandboxLimits, materialize
-from bat_jax.tasks.base import TaskInstance
-from bat_jax.tasks.expert import expert_actions
-from bat_jax.tasks.families import FAMILIES
+from bat_jax.taskkit.base import TaskInstance
+from bat_jax.taskkit.expert import expert_actions
 
 WORKSPACE = "workspace"
 EVIDENCE = "evidence.jsonl"           # the agent's log (fresh at the boundary)
@@ -143,38 +142,3 @@ def expert_episode(instance: TaskInstance, focus: str, root: Path,
       _save_snapshot(sandbox.workspace, _snapshot_path(cache_dir, instance, stage))
   scored = rubric.score(instance, focus, sandbox.workspace, sandbox.evidence)
   return EpisodeResult(focus=focus, result=scored, calls=calls)
-
-
-SweepKey = tuple[str, str, str]  # (track, outcome, focus)
-
-
-def _sweep_one(args: tuple[str, str, int, str, SandboxLimits]) -> dict[SweepKey, float]:
-  """All foci of one (track, outcome, seed): E2E first, so stage rows start from its snapshots."""
-  track, outcome, seed, root, limits = args
-  instance = FAMILIES[track].generate(seed, outcome)
-  base = Path(root) / instance.task_id
-  rewards = {}
-  for focus in workflow.FOCI:
-    ep = expert_episode(instance, focus, base / focus, limits, cache_dir=base / "cache")
-    rewards[(track, outcome, focus)] = ep.result.reward
-  shutil.rmtree(base, ignore_errors=True)
-  return rewards
-
-
-def expert_sweep(seeds: range, root: Path, *, tracks: tuple[str, ...] = workflow.TRACKS,
-                 outcomes: tuple[str, ...] = workflow.OUTCOMES,
-                 limits: SandboxLimits = SandboxLimits(),
-                 processes: int = 1) -> dict[SweepKey, list[float]]:
-  """Expert rewards for every track x outcome x focus (E2E and each stage boundary) x seed."""
-  jobs = [(t, o, s, str(root), limits) for t in tracks for o in outcomes for s in seeds]
-  if processes > 1:
-    import multiprocessing  # only for sweeps; the sandbox itself is process-safe
-    with multiprocessing.get_context("spawn").Pool(processes) as pool:
-      parts = pool.map(_sweep_one, jobs, chunksize=1)
-  else:
-    parts = [_sweep_one(j) for j in jobs]
-  table: dict[SweepKey, list[float]] = {}
-  for part in parts:
-    for key, reward in part.items():
-      table.setdefault(key, []).append(reward)
-  return table

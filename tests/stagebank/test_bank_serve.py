@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from synthetic_source import SyntheticSource
 
-from bat_jax import markers
+from bat_jax import io_utils, markers
 from bat_jax.stagebank import build
 from bat_jax.stagebank import reader
 from bat_jax.stagebank import rounds
@@ -65,14 +65,14 @@ def test_serve_publishes_requests_atomically_and_fails_fast(server):
 
     # A request carrying anything but round/target/weights is refused, naming the field.
     req_dir = bank / serve.REQUESTS_DIR
-    shards.atomic_write_json(req_dir / "round_000001.json", {
+    io_utils.atomic_write_json(req_dir / "round_000001.json", {
         "round": 1, "target": "S1", "weights": rounds.RoundWeights.for_target("S1").to_json(),
         "heldout_scores": [0.1]})
     with pytest.raises(serve.RoundFailed, match="heldout_scores"):
       serve.wait_for_round(bank, 1, timeout=60)
 
     # A leak found by the server's pre-check fails the round whole; nothing is published.
-    shards.atomic_write_json(bank / "markers.json",
+    io_utils.atomic_write_json(bank / "markers.json",
                              markers.export_markers(["task/spec.json"], salt="bank"))
     serve.request_round(bank, 2, rounds.RoundWeights.for_target("S2"))
     with pytest.raises(serve.RoundFailed, match="heldout_marker"):

@@ -1,0 +1,319 @@
+"""BiCuRL: the outer loop, in one readable function (`run`).
+
+    cold-start SFT (once) -> evaluate -> first target = weakest stage
+    for each round:
+      Stage Bank round (requested as soon as its weights are known)
+      GRPO steps (G rollouts per state_id, rubric rewards, checkpoint every k steps)
+      export -> evaluate on the same paired cells -> gate (promote | hold) -> next target
+
+Resume: every phase writes its result under WORKDIR before the next one starts and
+`OuterState` records what is done, so `run(cfg, workdir)` on a killed run's directory
+continues at the first unfinished phase (mid-SFT and mid-round from the latest orbax step,
+mid-evaluation by re-running that evaluation, which is deterministic).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import tqdm
+from flax import nnx
+from tensorboardX import SummaryWriter
+
+from bat_jax import curriculum, gate
+from bat_jax.bicurl import bank as bank_lib
+from bat_jax.bicurl import setup
+from bat_jax.bicurl.grpo_round import (GrpoRound, bucket_length, optimizer_config, run_mesh)
+from bat_jax.bicurl.policy import PolicyServer, evaluate_policy, make_policy_server
+from bat_jax.bicurl.report import headline, write_report
+from bat_jax.bicurl.state import OuterState, RoundRecord, RunPaths, round_policy_name
+from bat_jax.checkpointing import export_hf
+from bat_jax.config_validation import validate_config
+from bat_jax.grpo import (StepConfig, build_step_fn, init_train_state, make_optimizer,
+                          make_train_step, memory_report, split_model, step_shardings)
+from bat_jax.grpo.train_step import StepShardings
+from bat_jax.sft import SftConfig, pad_example, run_sft, sft_loss_fn
+from bat_jax.stagebank.rounds import RoundWeights
+from bat_jax.io_utils import atomic_write_json
+
+log = logging.getLogger(__name__)
+
+
+def params_digest(model: nnx.Module) -> str:
+  """sha256 over every param's path, dtype, shape and bytes (equal params <=> equal digest)."""
+  h = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param)):
+    array = np.asarray(jax.device_get(leaf))
+    h.update(f"{jax.tree_util.keystr(path)}|{array.dtype}|{array.shape}|".encode())
+    h.update(array.tobytes())
+  return h.hexdigest()
+
+
+def _weights_json(weights: tuple[dict, dict]) -> dict[str, dict[str, float]]:
+  return RoundWeights.coerce(weights).to_json()
+
+
+class _Tracker:
+  """TensorBoard scalars (tensorboardX) and tqdm bars, each switchable in `cfg.logging`."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, paths: RunPaths):
+    self.writer = SummaryWriter(str(paths.tensorboard)) if cfg.logging.tensorboard else None
+    self.progress = cfg.logging.progress
+    self.every = cfg.logging.log_every_steps
+
+  def scalars(self, prefix: str, values: dict[str, Any], step: int) -> None:
+    if self.writer is None or step % self.every:
+      return
+    for k, v in values.items():
+      if isinstance(v, (int, float)) and v is not None:
+        self.writer.add_scalar(f"{prefix}/{k}", v, step)
+
+  def bar(self, total: int, desc: str, initial: int = 0) -> tqdm.tqdm:
+    return tqdm.tqdm(total=total, desc=desc, initial=initial, disable=not self.progress,
+                     dynamic_ncols=True, leave=False)
+
+  def close(self) -> None:
+    if self.writer is not None:
+      self.writer.close()
+
+
+def _sft_shardings(cfg: ml_collections.ConfigDict, model: nnx.Module,
+                   max_len: int) -> StepShardings:
+  """The SFT step's shardings; also AOT-compiles the step and logs XLA's memory analysis
+  before training starts (MaxText style)."""
+  graphdef, params, rest = split_model(model)
+  optimizer = make_optimizer(optimizer_config(cfg.sft, cfg.sft.steps))
+  step_fn = build_step_fn(graphdef, sft_loss_fn(chunk_size=cfg.grpo.logprob_chunk_size),
+                          optimizer, StepConfig(cfg.sft.micro_batches, cfg.sft.remat))
+  state = jax.eval_shape(lambda p: init_train_state(p, optimizer, seed=0), params)
+  batch = {k: jax.ShapeDtypeStruct((cfg.sft.global_batch_size, max_len), jnp.int32)
+           for k in ("input_ids", "loss_mask")}
+  frozen = {"rest": rest, "ref_params": None}
+  shardings = step_shardings(state, batch, frozen, optimizer, run_mesh(cfg),
+                             tuple(cfg.sharding.rules))
+  compiled = make_train_step(step_fn, shardings).lower(state, batch, frozen).compile()
+  log.info("SFT step [%d, %d] memory (MiB): %s", cfg.sft.global_batch_size, max_len,
+           {k: round(v / 2**20, 2) for k, v in memory_report(compiled).items()})
+  return shardings
+
+
+def _cold_start(cfg: ml_collections.ConfigDict, paths: RunPaths, chat: Any,
+                tracker: _Tracker) -> tuple[nnx.Module, Optional[float]]:
+  """Cold-start SFT on the Stage Bank's expert rows, resumable from its orbax checkpoints;
+  returns the model and its validation NLL."""
+  rows_dir = setup.prepare_sft_rows(cfg, paths.sft_rows, paths.markers)
+  train, validation = setup.sft_examples(cfg, rows_dir, chat)
+  max_len = bucket_length(max(setup.example_lengths(train)), cfg.sft.max_seq_len)
+  model = setup.initial_model(cfg)
+  shardings = _sft_shardings(cfg, model, max_len)
+  sft_cfg = SftConfig(
+      num_steps=cfg.sft.steps, batch_size=cfg.sft.global_batch_size, max_len=max_len,
+      seed=cfg.seed, checkpoint_every=cfg.sft.checkpoint.every,
+      keep_checkpoints=cfg.sft.checkpoint.keep, logprob_chunk_size=cfg.grpo.logprob_chunk_size,
+      pad_id=chat.endoftext_id, optimizer=optimizer_config(cfg.sft, cfg.sft.steps),
+      step=StepConfig(cfg.sft.micro_batches, cfg.sft.remat))
+  log.info("SFT: %d train / %d validation examples, padded to %d tokens", len(train),
+           len(validation), max_len)
+  bar = tracker.bar(cfg.sft.steps, "cold-start SFT")
+
+  def on_step(step: int, metrics: dict[str, Any]) -> None:
+    values = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
+    if not np.isfinite(values["loss"]):
+      raise FloatingPointError(f"SFT step {step}: non-finite loss {values['loss']}")
+    tracker.scalars("sft", values, step)
+    bar.n = step
+    bar.set_postfix(loss=f"{values['loss']:.3f}")
+
+  run_sft(model, train, sft_cfg, paths.sft_checkpoints, shardings=shardings, on_step=on_step)
+  bar.close()
+  nll = _validation_nll(model, validation, max_len=max_len, pad_id=chat.endoftext_id,
+                        chunk_size=cfg.grpo.logprob_chunk_size)
+  log.info("SFT: validation NLL per target token %s", nll)
+  return model, nll
+
+
+def _validation_nll(model: nnx.Module, examples: list, *, max_len: int, pad_id: int,
+                    chunk_size: int) -> Optional[float]:
+  """Mean NLL per target token of held-out SFT examples (None when there are none)."""
+  if not examples:
+    return None
+  graphdef, params, rest = split_model(model)
+  loss_fn = sft_loss_fn(chunk_size=chunk_size)
+
+  @jax.jit
+  def nll(params, batch):
+    numerator, denominator, _ = loss_fn(nnx.merge(graphdef, params, rest), batch, None)
+    return numerator, denominator
+
+  total = tokens = 0.0
+  for ids, mask in examples:
+    padded = pad_example(ids, mask, max_len=max_len, pad_id=pad_id)
+    numerator, denominator = nll(params, {k: v[None] for k, v in padded.items()})
+    total, tokens = total + float(numerator), tokens + float(denominator)
+  return total / tokens
+
+
+def _evaluate(cfg: ml_collections.ConfigDict, state: OuterState, paths: RunPaths,
+              server: PolicyServer, chat: Any, model: nnx.Module, name: str,
+              tracker: _Tracker) -> dict[str, Any]:
+  """Serves `model` and evaluates it (cached per policy name); records the headline."""
+  with state.timed("evaluation"):
+    if not paths.eval_report(name).is_file():
+      server.load(model, name)
+    bar = tracker.bar(0, f"evaluate {name}")
+
+    def progress(done: int, total: int, record: dict) -> None:
+      del record
+      bar.total, bar.n = total, done
+      bar.refresh()
+
+    report = evaluate_policy(cfg, server, chat, paths.policy(name), paths.eval_report(name),
+                             paths.eval_records(name), progress=progress)
+    bar.close()
+  state.evaluations[name] = {**headline(report), "params_sha256": params_digest(model)}
+  index = 0 if name == "sft" else int(name.split("_")[-1]) + 1
+  tracker.scalars("eval", {"overall": report["overall"], "task": report["task_score"],
+                           **{s: v for s, v in report["stage_scores"].items()}}, index)
+  log.info("evaluation %s: overall %s, stages %s", name, report["overall"],
+           report["stage_scores"])
+  return report
+
+
+def _check_same_config(cfg: ml_collections.ConfigDict, path: Path) -> None:
+  """Records the run's config; a resume with different values (`logging` aside) is refused,
+  naming every field that differs, since it would mix two experiments in one directory."""
+  current = json.loads(cfg.to_json_best_effort(sort_keys=True))
+  if not path.is_file():
+    atomic_write_json(path, current)
+    return
+  saved = json.loads(path.read_text())
+  changed = sorted(k for k in set(saved) | set(current)
+                   if k != "logging" and saved.get(k) != current.get(k))
+  if changed:
+    diffs = [f"{k}: {_diff(saved.get(k), current.get(k))}" for k in changed]
+    raise ValueError(f"{path.parent} holds a run with another config; changed sections: "
+                     + "; ".join(diffs) + ". Use a new --workdir.")
+
+
+def _diff(saved: Any, current: Any, prefix: str = "") -> str:
+  if isinstance(saved, dict) and isinstance(current, dict):
+    return ", ".join(_diff(saved.get(k), current.get(k), f"{prefix}{k}.")
+                     for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k))
+  return f"{prefix.rstrip('.') or 'value'} {saved!r} -> {current!r}"
+
+
+def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
+  """Runs (or resumes) BiCuRL in `workdir`; returns the final report (also WORKDIR/report.json).
+
+  Raises:
+    ConfigError: the config is invalid (every bad field named).
+    FloatingPointError: a non-finite SFT or GRPO update.
+  """
+  validate_config(cfg)
+  paths = RunPaths(Path(workdir).absolute())
+  paths.workdir.mkdir(parents=True, exist_ok=True)
+  _check_same_config(cfg, paths.workdir / "config.json")
+  state = OuterState.load(paths.workdir)
+  tracker = _Tracker(cfg, paths)
+  thresholds = gate.GateThresholds.from_config(cfg.gate)
+  curriculum_cfg = curriculum.CurriculumConfig.from_config(cfg.curriculum)
+  server: Optional[PolicyServer] = None
+
+  # ============================================================================ setup
+  tokenizer_dir = setup.prepare_tokenizer(cfg, paths.tokenizer)
+  chat = setup.chat_format(cfg, tokenizer_dir)
+  bank_lib.write_markers(cfg, paths.markers)
+  bank_dir = Path(cfg.stagebank.dir) if cfg.stagebank.dir else paths.stagebank
+  bank = bank_lib.StageBank.start(cfg, bank_dir, paths.markers, paths.logs / "stagebank.log")
+  try:
+    # ========================================================================== cold-start SFT
+    if not state.sft_done:
+      with state.timed("sft"):
+        model, state.sft_validation_nll = _cold_start(cfg, paths, chat, tracker)
+      export_hf(model, paths.policy("sft"), tokenizer_dir=tokenizer_dir)
+      state.sft_done, state.baseline = True, "sft"
+      state.save(paths.workdir)
+    sft_model = setup.load_policy(cfg, paths.policy("sft"))
+    ref_params = nnx.state(sft_model, nnx.Param)
+    server = make_policy_server(sft_model, cfg, paths.workdir, tokenizer_dir)
+
+    # ============================================ evaluate SFT; first target = weakest stage
+    baseline_report = _evaluate(cfg, state, paths, server, chat, sft_model, "sft", tracker)
+    if state.next_weights is None:
+      state.next_weights = _weights_json(curriculum.weights(
+          baseline_report["stage_scores"], None, True, curriculum_cfg))
+      state.save(paths.workdir)
+    if state.baseline != "sft":
+      baseline_report = evaluate_policy(cfg, server, chat, paths.policy(state.baseline),
+                                        paths.eval_report(state.baseline),
+                                        paths.eval_records(state.baseline))
+
+    # ========================================================================== BiCuRL rounds
+    for r in range(len(state.rounds), cfg.grpo.rounds):
+      weights = state.next_weights
+      bank.request(r, weights)  # idempotent; normally already sent at the end of round r-1
+      with state.timed("stagebank_wait"):
+        round_dir = bank.wait(r)
+
+      # ---------------------------------------------------------------- GRPO
+      start_name = state.baseline
+      model = setup.load_policy(cfg, paths.policy(start_name))
+      workspaces = paths.workdir / "rollouts" / round_policy_name(r)
+      grpo = GrpoRound(cfg, r, model, ref_params, server, chat, paths.round_checkpoints(r),
+                       workspaces)
+      done_before = sum(len(x.steps) for x in state.rounds)
+      bar = tracker.bar(cfg.grpo.steps_per_round, f"round {r} GRPO")
+
+      def on_step(step: int, record: dict[str, float], bar=bar, offset=done_before) -> None:
+        tracker.scalars("grpo", record, offset + step)
+        bar.n = step
+        bar.set_postfix(reward=f"{record['reward_mean']:.3f}", kl=f"{record.get('kl', 0):.4f}")
+
+      outcome = grpo.run(round_dir, on_step)
+      bar.close()
+      shutil.rmtree(workspaces, ignore_errors=True)
+
+      # ---------------------------------------------------------------- export + evaluate
+      name = round_policy_name(r)
+      export_hf(model, paths.policy(name), tokenizer_dir=tokenizer_dir)
+      candidate_report = _evaluate(cfg, state, paths, server, chat, model, name, tracker)
+
+      # ---------------------------------------------------------------- gate + next target
+      decision = gate.check(baseline_report, candidate_report, thresholds, outcome.healthy)
+      next_weights = _weights_json(curriculum.weights(
+          candidate_report["stage_scores"], baseline_report["stage_scores"], decision.passed,
+          curriculum_cfg))
+      if r + 1 < cfg.grpo.rounds:
+        bank.request(r + 1, next_weights)  # as early as possible: synthesis overlaps the rest
+      state.rounds.append(RoundRecord(
+          round=r, target=RoundWeights.coerce(weights).primary_stage, weights=weights,
+          start_policy=start_name, candidate=name, gate=decision.to_dict(),
+          promoted=decision.passed, steps=outcome.steps, healthy=outcome.healthy))
+      for phase, seconds in outcome.seconds.items():
+        state.phase_seconds[phase] += seconds
+      state.next_weights = next_weights
+      if decision.passed:  # a held candidate is never the next start: the baseline stays
+        state.baseline, baseline_report = name, candidate_report
+      state.save(paths.workdir)
+      write_report(paths.workdir, state)
+      log.info("round %d: target %s, gate %s%s", r, state.rounds[-1].target,
+               "pass" if decision.passed else "hold",
+               "" if decision.passed else f" ({'; '.join(decision.reasons)})")
+
+    # ============================================================================ report
+    state.save(paths.workdir)
+    return write_report(paths.workdir, state)
+  finally:
+    bank.close()
+    if server is not None:
+      server.close()
+    tracker.close()

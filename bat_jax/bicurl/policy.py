@@ -1,0 +1,185 @@
+"""Serving the policy for rollouts and evaluation, and evaluating it.
+
+`rollout.engine` picks the server:
+
+- `jax`: the in-process `JaxEngine`; a new policy is a param swap (`update_params`).
+- `sglang`: SGLang servers (launched here or already running at `rollout.sglang.urls`); a new
+  policy is exported as HF safetensors and loaded with `update_weights_from_disk`.
+
+`evaluator.kind` picks the teacher: the built-in held-out evaluator drives the served policy
+through the rollout package's `PolicyAgent` (cells on threads, so the engine batches their
+turns); `external` runs the configured argv on the exported policy. Only the aggregate report
+comes back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+
+import ml_collections
+from flax import nnx
+
+from bat_jax.checkpointing import export_hf
+from bat_jax.evaluator import runner
+from bat_jax.evaluator.evaluate import EvalSettings, evaluate
+from bat_jax.evaluator.external import ExternalEvaluator
+from bat_jax.evaluator.report import require_complete
+from bat_jax.rollout import (AgentTurn, Completion, Engine, GenerateRequest, JaxEngine,
+                             JaxEngineConfig, PolicyAgent, PromptTooLongError, SamplingParams,
+                             SGLangEngine, SGLangLaunchConfig, ServerProcess)
+from bat_jax.rollout.worker import EngineWorker
+from bat_jax.io_utils import atomic_write_json
+
+log = logging.getLogger(__name__)
+
+
+class PolicyServer(Protocol):
+  """Serves one policy version at a time."""
+  engine: Engine
+
+  def load(self, model: nnx.Module, version: str) -> None:
+    """Serves `model`'s params from now on, labelled `version`."""
+
+  def reseed(self, seed: int) -> None:
+    """Restarts the sampler's random stream (in-process engine only)."""
+
+  def close(self) -> None:
+    ...
+
+
+class JaxPolicyServer:
+  """The in-process JAX engine (`rollout.jax`)."""
+
+  def __init__(self, model: nnx.Module, cfg: ml_collections.ConfigDict):
+    self.engine = JaxEngine(model, JaxEngineConfig(
+        num_slots=cfg.rollout.jax.batch_size, max_len=cfg.rollout.jax.max_len,
+        prefill_chunk=cfg.rollout.jax.prefill_chunk, seed=cfg.seed))
+
+  def load(self, model: nnx.Module, version: str) -> None:
+    self.engine.update_params(model, version)
+
+  def reseed(self, seed: int) -> None:
+    self.engine.reseed(seed)
+
+  def close(self) -> None:
+    pass
+
+
+class SGLangPolicyServer:
+  """SGLang servers with weight sync from disk after every update (`rollout.sglang`).
+
+  Rollouts are not replayable after a restart on this path (SGLang's sampler is not seeded).
+  """
+
+  def __init__(self, model: nnx.Module, cfg: ml_collections.ConfigDict, export_dir: Path,
+               tokenizer_dir: Path, log_path: Path):
+    self.export_dir, self.tokenizer_dir = Path(export_dir), Path(tokenizer_dir)
+    self.process: Optional[ServerProcess] = None
+    sg = cfg.rollout.sglang
+    if sg.launch:
+      export_hf(model, self.export_dir, tokenizer_dir=self.tokenizer_dir)
+      launch = SGLangLaunchConfig(model_path=str(self.export_dir), port=sg.port,
+                                  mem_fraction_static=sg.mem_fraction_static,
+                                  tp_size=sg.tp_size, dp_size=sg.dp_size)
+      self.process = ServerProcess.sglang(launch, log_path).start()
+      url = self.process.base_url
+    else:
+      url = sg.urls[0]
+    self.engine = SGLangEngine(url, timeout_s=sg.request_timeout_s)
+
+  def load(self, model: nnx.Module, version: str) -> None:
+    self.engine.sync_weights(lambda d: export_hf(model, d, tokenizer_dir=self.tokenizer_dir),
+                             self.export_dir, version)
+
+  def reseed(self, seed: int) -> None:
+    del seed
+
+  def close(self) -> None:
+    self.engine.close()
+    if self.process is not None:
+      self.process.stop()
+
+
+def make_policy_server(model: nnx.Module, cfg: ml_collections.ConfigDict, workdir: Path,
+                       tokenizer_dir: Path) -> PolicyServer:
+  if cfg.rollout.engine == "jax":
+    return JaxPolicyServer(model, cfg)
+  return SGLangPolicyServer(model, cfg, workdir / "sglang_weights", tokenizer_dir,
+                            workdir / "logs" / "sglang.log")
+
+
+# --- evaluation --------------------------------------------------------------------------------
+
+class _WorkerEngine:
+  """The `Engine` interface over an `EngineWorker`: concurrent cells share batched calls."""
+
+  def __init__(self, worker: EngineWorker):
+    self.worker = worker
+
+  def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
+    return self.worker.generate_many(requests)
+
+  def release(self, session_ids: Sequence[str]) -> None:
+    self.worker.call(lambda engine: engine.release(session_ids))
+
+  @property
+  def weight_version(self) -> str:
+    return self.worker.engine.weight_version
+
+
+class _BoundedAgent(PolicyAgent):
+  """A `PolicyAgent` that stops (instead of crashing the cell) when the conversation no longer
+  fits the engine's context: running out of context is the policy's outcome, not a fault."""
+
+  def __call__(self, messages: Sequence[Mapping[str, Any]]) -> AgentTurn:
+    try:
+      return super().__call__(messages)
+    except PromptTooLongError:
+      return AgentTurn((), thought="(context full)")
+
+
+def evaluate_policy(cfg: ml_collections.ConfigDict, server: PolicyServer, chat: Any,
+                    policy_dir: Path, report_path: Path, records_dir: Path, *,
+                    progress: Optional[Callable[[int, int, dict], None]] = None
+                    ) -> dict[str, Any]:
+  """The aggregate report of the served policy (cached in `report_path`).
+
+  The built-in teacher uses greedy decoding, so re-evaluating a policy after a restart gives
+  the same report. A report with invalid cells or null scores is an error: the gate could not
+  compare it.
+  """
+  if report_path.is_file():
+    return json.loads(report_path.read_text())
+  if cfg.evaluator.kind == "external":
+    report = ExternalEvaluator.from_config(cfg.evaluator.external).evaluate(
+        policy_dir, {"policy": policy_dir.name, "tier": cfg.evaluator.tier}, records_dir)
+  else:
+    report = _builtin(cfg, server, chat, records_dir, progress)
+  require_complete(report, source=f"evaluation of {policy_dir.name}")
+  atomic_write_json(report_path, report)
+  return report
+
+
+def _builtin(cfg: ml_collections.ConfigDict, server: PolicyServer, chat: Any,
+             records_dir: Path, progress: Optional[Callable[[int, int, dict], None]]
+             ) -> dict[str, Any]:
+  settings = EvalSettings.from_config(cfg)
+  worker = EngineWorker(server.engine, max_batch=max(1, cfg.rollout.max_concurrent_trajectories))
+  engine = _WorkerEngine(worker)
+  greedy = dataclasses.replace(SamplingParams(), temperature=0.0)
+
+  def factory(instance: Any) -> PolicyAgent:
+    del instance  # the policy sees only the messages
+    return _BoundedAgent(engine, chat, sampling=greedy,
+                         max_turn_tokens=cfg.rollout.limits.max_turn_tokens)
+
+  try:
+    return evaluate(factory, records_dir, settings=settings,
+                    options=runner.RunOptions(workers=cfg.evaluator.workers, threads=True),
+                    progress=progress)
+  finally:
+    worker.close()

@@ -1,0 +1,161 @@
+"""Run setup: the tokenizer, the policy model and the cold-start SFT examples.
+
+Each function is idempotent: what it builds lands in the run directory atomically and is
+reused on restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from bat_jax import tasks, workflow
+from bat_jax.model import ModelConfig, build_model, load_pretrained
+from bat_jax.model import tokenizer as tokenizer_lib
+from bat_jax.sandbox import SandboxLimits
+from bat_jax.sft import Example, drop_too_long
+from bat_jax.stagebank import grid, leakcheck, rl_rows, rounds, sft_rows, shards
+from bat_jax.stagebank.build import load_matcher
+
+log = logging.getLogger(__name__)
+
+
+def model_dtypes(cfg: ml_collections.ConfigDict) -> tuple[Any, Any]:
+  """`(compute dtype, param dtype)` of the policy."""
+  return jnp.dtype(cfg.model.dtype), jnp.dtype(cfg.model.param_dtype)
+
+
+def model_type(cfg: ml_collections.ConfigDict) -> str:
+  """The policy's HF `model_type` (picks its chat format)."""
+  if cfg.model.source == "scratch":
+    return cfg.model.hf_config.model_type
+  return ModelConfig.from_pretrained_dir(cfg.model.path).model_type
+
+
+# --- tokenizer ---------------------------------------------------------------------------------
+
+def tokenizer_corpus(num_tasks: int, seed: int) -> list[str]:
+  """Texts a from-scratch tokenizer is trained on: briefs, expert code and thoughts of
+  `num_tasks` training task instances (tracks x outcomes round-robin), plus the chat markup
+  samples of `tokenizer.tiny_corpus`."""
+  docs = [rl_rows.SYSTEM_PROMPT, *tokenizer_lib.tiny_corpus(seed=seed)]
+  cells = [(t, o) for o in workflow.OUTCOMES for t in workflow.TRACKS]
+  for i in range(num_tasks):
+    track, outcome = cells[i % len(cells)]
+    instance = tasks.FAMILIES[track].generate(rounds.derive_seed("tokenizer", seed, i) & 0x7FFFFFFF,
+                                              outcome)
+    docs += [tasks.brief_for(instance, focus) for focus in workflow.FOCI]
+    for stage in workflow.STAGES:
+      for action in tasks.expert_actions(instance, stage):
+        docs += [action.get("thought", ""), action["arguments"]["code"]]
+  return docs
+
+
+def prepare_tokenizer(cfg: ml_collections.ConfigDict, out_dir: Path) -> Path:
+  """Trains (`tokenizer.source = train`) or copies the run's tokenizer into `out_dir`."""
+  if all((out_dir / f).is_file() for f in tokenizer_lib.TOKENIZER_FILES):
+    return out_dir
+  staging = out_dir.with_name(out_dir.name + ".tmp")
+  shutil.rmtree(staging, ignore_errors=True)
+  if cfg.tokenizer.source == "train":
+    corpus = tokenizer_corpus(cfg.tokenizer.train.corpus_tasks, cfg.seed)
+    tokenizer_lib.train_tokenizer(corpus, cfg.tokenizer.train.vocab_size, staging,
+                                  chat_family=tokenizer_lib.FAMILY_OF_MODEL_TYPE[model_type(cfg)])
+  else:
+    source = Path(cfg.tokenizer.path or cfg.model.path)
+    staging.mkdir(parents=True)
+    for name in tokenizer_lib.TOKENIZER_FILES:
+      if not (source / name).is_file():
+        raise FileNotFoundError(f"tokenizer file {source / name} is missing (config "
+                                "tokenizer.path / model.path)")
+      shutil.copy2(source / name, staging / name)
+  staging.rename(out_dir)
+  return out_dir
+
+
+def chat_format(cfg: ml_collections.ConfigDict, tokenizer_dir: Path) -> tokenizer_lib.ChatFormat:
+  return tokenizer_lib.ChatFormat.for_model(model_type(cfg),
+                                            tokenizer_lib.load_tokenizer(tokenizer_dir))
+
+
+# --- model -------------------------------------------------------------------------------------
+
+def initial_model(cfg: ml_collections.ConfigDict) -> nnx.Module:
+  """The policy before SFT: random init (seeded) for `scratch`, else the local checkpoint."""
+  dtype, param_dtype = model_dtypes(cfg)
+  if cfg.model.source == "scratch":
+    model_cfg = ModelConfig.from_hf_dict(cfg.model.hf_config.to_dict(), dtype=dtype,
+                                         param_dtype=param_dtype)
+    return build_model(model_cfg, rngs=nnx.Rngs(cfg.seed))
+  return load_pretrained(cfg.model.path, dtype=dtype, param_dtype=param_dtype)
+
+
+def load_policy(cfg: ml_collections.ConfigDict, policy_dir: Path) -> nnx.Module:
+  """An exported policy (HF safetensors) with the run's dtypes."""
+  dtype, param_dtype = model_dtypes(cfg)
+  return load_pretrained(policy_dir, dtype=dtype, param_dtype=param_dtype)
+
+
+# --- cold-start SFT examples -------------------------------------------------------------------
+
+ROWS_PER_CELL = 24  # SFT rows of one (track, outcome) task over its six foci (expert solvers)
+
+
+def sft_states(num_examples: int) -> tuple[tuple[grid.GridState, ...], int]:
+  """`(grid states, tasks per state)` whose expert actions give about `num_examples` rows.
+
+  Whole (track, outcome) cells are taken in round-robin order (all six foci of a cell share one
+  task instance), so a small set still spans every track before repeating one.
+  """
+  cells = [(t, o) for o in workflow.OUTCOMES for t in workflow.TRACKS]
+  wanted = max(1, math.ceil(num_examples / ROWS_PER_CELL))
+  if wanted >= len(cells):
+    return grid.SOURCE_GRID, math.ceil(wanted / len(cells))
+  keep = set(cells[:wanted])
+  return tuple(s for s in grid.SOURCE_GRID if (s.track, s.outcome) in keep), 1
+
+
+def prepare_sft_rows(cfg: ml_collections.ConfigDict, out_dir: Path, markers_path: Path) -> Path:
+  """The Stage Bank's leak-checked cold-start rows (expert trajectories), published once."""
+  if (out_dir / shards.MANIFEST).is_file():
+    return out_dir
+  states, per_state = sft_states(cfg.sft.num_examples)
+  spec = sft_rows.SftSpec(seed=cfg.stagebank.seed, tasks_per_state=per_state, states=states)
+  checker = leakcheck.LeakChecker(load_matcher(markers_path))
+  return sft_rows.build_sft_set(out_dir, spec, checker,
+                                sandbox_limits=SandboxLimits(**cfg.sandbox.to_dict()))
+
+
+def sft_examples(cfg: ml_collections.ConfigDict, rows_dir: Path,
+                 chat: tokenizer_lib.ChatFormat) -> tuple[list[Example], list[Example]]:
+  """`(train, validation)` `(ids, loss_mask)` examples rendered in the policy's chat format.
+
+  Rows longer than `sft.max_seq_len` are dropped; the rest are shuffled (seeded), the
+  validation share (`sft.validation_fraction`, at most `sft.max_validation_examples`) is split
+  off and the train set is cut to `sft.num_examples`.
+  """
+  rows = sft_rows.load_sft_rows(rows_dir)
+  encoded = [chat.encode_sft_example(r["messages"], sft_rows.target_action(r)) for r in rows]
+  kept, dropped = drop_too_long(encoded, cfg.sft.max_seq_len)
+  if dropped:
+    log.info("SFT: dropped %d of %d rows longer than %d tokens", len(dropped), len(encoded),
+             cfg.sft.max_seq_len)
+  if not kept:
+    raise ValueError(f"no SFT row fits sft.max_seq_len = {cfg.sft.max_seq_len}")
+  random.Random(cfg.seed).shuffle(kept)
+  n_val = min(cfg.sft.max_validation_examples,
+              math.ceil(cfg.sft.validation_fraction * len(kept)))
+  n_val = min(n_val, len(kept) - 1)
+  return kept[n_val:][:cfg.sft.num_examples], kept[:n_val]
+
+
+def example_lengths(examples: Sequence[Example]) -> list[int]:
+  return [len(ids) for ids, _ in examples]

@@ -1,0 +1,158 @@
+"""The outer loop's durable state and the run directory's layout.
+
+Every phase of a run writes its result to a file under WORKDIR before the next phase starts, and
+`OuterState` (WORKDIR/outer_state.json, written atomically) records which phases are done, so a
+run killed at any point (SIGKILL included) restarts at the first unfinished phase:
+
+  tokenizer/                 trained tokenizer (tiny) or a copy of the pretrained one's files
+  stagebank/                 the Stage Bank directory (markers.json, sft/, round_NNNNNN/)
+  ckpt/sft/                  orbax: cold-start SFT (train state + data position)
+  ckpt/round_NNN/            orbax: GRPO of one round (train state + reader state + round log)
+  policies/<name>/           HF safetensors export of every evaluated policy (sft, round_NNN)
+  evals/<name>.json          the aggregate report of each evaluation (cached: re-run skipped)
+  eval_records/<name>/       evaluator-side cell records (never read by training)
+  tb/                        TensorBoard events
+  report.json, report.md, *.png
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from bat_jax.io_utils import atomic_write_json
+
+PHASES: tuple[str, ...] = ("sft", "evaluation", "rollout", "update", "stagebank_wait")
+STATE_FILE = "outer_state.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPaths:
+  """Where each artifact of a run lives (see the module docstring)."""
+  workdir: Path
+
+  @property
+  def tokenizer(self) -> Path:
+    return self.workdir / "tokenizer"
+
+  @property
+  def stagebank(self) -> Path:
+    return self.workdir / "stagebank"
+
+  @property
+  def sft_rows(self) -> Path:
+    return self.stagebank / "sft"
+
+  @property
+  def markers(self) -> Path:
+    return self.stagebank / "markers.json"
+
+  @property
+  def sft_checkpoints(self) -> Path:
+    return self.workdir / "ckpt" / "sft"
+
+  def round_checkpoints(self, round_index: int) -> Path:
+    return self.workdir / "ckpt" / f"round_{round_index:03d}"
+
+  def policy(self, name: str) -> Path:
+    return self.workdir / "policies" / name
+
+  def eval_report(self, name: str) -> Path:
+    return self.workdir / "evals" / f"{name}.json"
+
+  def eval_records(self, name: str) -> Path:
+    return self.workdir / "eval_records" / name
+
+  @property
+  def tensorboard(self) -> Path:
+    return self.workdir / "tb"
+
+  @property
+  def logs(self) -> Path:
+    return self.workdir / "logs"
+
+
+def round_policy_name(round_index: int) -> str:
+  return f"round_{round_index:03d}"
+
+
+@dataclasses.dataclass
+class RoundRecord:
+  """One finished BiCuRL round (everything the report shows about it).
+
+  Attributes:
+    round: round index (0-based).
+    target: the stage the round practised (the weights' primary stage).
+    weights: `{"pool_mix": {...}, "stage_weights": {...}}` the Stage Bank built it with.
+    start_policy: the policy the round started from (the last promoted one).
+    candidate: the policy it produced (`round_NNN`).
+    gate: `GateDecision.to_dict()` of candidate vs baseline.
+    promoted: whether the candidate became the new baseline.
+    steps: per-step metrics (reward, KL, loss, ...), in order.
+    healthy: no non-finite or skipped update in the round.
+  """
+  round: int
+  target: str
+  weights: dict[str, dict[str, float]]
+  start_policy: str
+  candidate: str
+  gate: dict[str, Any]
+  promoted: bool
+  steps: list[dict[str, float]]
+  healthy: bool
+
+
+@dataclasses.dataclass
+class OuterState:
+  """Which phases are done, the curriculum's history, and the time spent per phase.
+
+  Attributes:
+    sft_done: the cold-start SFT finished and its policy is exported.
+    sft_validation_nll: NLL per target token on the held-out SFT examples.
+    baseline: name of the promoted policy (the gate's baseline, the next round's start).
+    next_weights: the weights requested for round `len(rounds)` (None before the first
+      evaluation).
+    rounds: finished rounds.
+    evaluations: policy name -> its aggregate report's headline (overall, task, stage scores).
+    phase_seconds: wall time per phase (PHASES), summed over restarts.
+  """
+  sft_done: bool = False
+  sft_validation_nll: Optional[float] = None
+  baseline: Optional[str] = None
+  next_weights: Optional[dict[str, dict[str, float]]] = None
+  rounds: list[RoundRecord] = dataclasses.field(default_factory=list)
+  evaluations: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+  phase_seconds: dict[str, float] = dataclasses.field(
+      default_factory=lambda: {p: 0.0 for p in PHASES})
+
+  @classmethod
+  def load(cls, workdir: Path) -> "OuterState":
+    """The saved state of `workdir`, or a fresh one."""
+    path = Path(workdir) / STATE_FILE
+    if not path.is_file():
+      return cls()
+    try:
+      raw = json.loads(path.read_text())
+      rounds = [RoundRecord(**r) for r in raw.pop("rounds")]
+      return cls(rounds=rounds, **raw)
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+      raise ValueError(f"outer-loop state {path} is unreadable ({e}); delete it to restart "
+                       "the outer loop from its checkpoints") from None
+
+  def save(self, workdir: Path) -> None:
+    atomic_write_json(Path(workdir) / STATE_FILE, dataclasses.asdict(self))
+
+  @contextlib.contextmanager
+  def timed(self, phase: str) -> Iterator[None]:
+    """Adds the wall time of the block to `phase_seconds[phase]`."""
+    if phase not in PHASES:
+      raise ValueError(f"unknown phase {phase!r}; expected one of {PHASES}")
+    start = time.monotonic()
+    try:
+      yield
+    finally:
+      self.phase_seconds[phase] += time.monotonic() - start

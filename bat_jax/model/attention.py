@@ -1,0 +1,201 @@
+"""Causal grouped-query softmax attention kernels (pure functions).
+
+Three implementations share one signature (`attend`):
+
+* `xla`: `jax.nn.dot_product_attention(implementation="xla")`, dense
+  `[B, H, T, S]` logits; fastest for short sequences and decode steps.
+* `cudnn`: cuDNN flash attention through `jax.nn.dot_product_attention`
+  (GPU, bf16/fp16, cache-free causal chunks with right padding only).
+* `chunked`: blockwise online-softmax attention in pure JAX (any backend):
+  query blocks scanned with `lax.scan`, key blocks folded into a running
+  max / sum, each block body under `jax.checkpoint`, so forward and backward
+  peak at `[B, H, block, block]` logits instead of `[B, H, T, S]`.
+
+Visibility is described by an `AttentionMask` (query slots + key validity)
+rather than a dense `[B, T, S]` boolean, so no implementation has to
+materialise a quadratic mask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+ATTENTION_IMPLS = ("xla", "cudnn", "chunked")
+# With `attention_impl=None`, non-cuDNN paths switch from dense to chunked
+# attention once a row's logits would exceed this many entries per head
+# (2048 x 2048 fp32 = 16 MiB per head per row).
+AUTO_CHUNKED_MIN_LOGITS = 2048 * 2048
+# Masked logits use a large finite value (not -inf) so a row with no visible
+# key yields finite values instead of NaN (also in gradients).
+_MASK_VALUE = -1e30
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AttentionMask:
+  """Key slot s is visible to query t of row b iff
+  `key_valid[b, s] and s <= query_slots[b, t]`.
+
+  query_slots: [B, T] int32 absolute slot of each query token.
+  key_valid: [B, S] bool, keys that exist (written, not padding).
+  aligned: static; True when query t sits at slot t over the same chunk
+    (cache-free forward, S == T), i.e. plain causal masking.
+  """
+
+  query_slots: jax.Array
+  key_valid: jax.Array
+  aligned: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+  @classmethod
+  def causal(cls, valid: jax.Array) -> AttentionMask:
+    """Cache-free causal mask over one chunk; valid: [B, T] bool."""
+    b, t = valid.shape
+    slots = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    return cls(query_slots=slots, key_valid=valid.astype(bool), aligned=True)
+
+  @classmethod
+  def for_cache(cls, query_slots: jax.Array, new_lengths: jax.Array, max_len: int
+                ) -> AttentionMask:
+    """Mask over a KV cache of `max_len` slots holding `new_lengths` [B] tokens."""
+    key_valid = jnp.arange(max_len)[None, :] < new_lengths[:, None]
+    return cls(query_slots=query_slots.astype(jnp.int32), key_valid=key_valid, aligned=False)
+
+  def dense(self) -> jax.Array:
+    """[B, T, S] bool visibility (quadratic; for the dense path and tests)."""
+    s = self.key_valid.shape[1]
+    key_slot = jnp.arange(s)[None, None, :]
+    return (key_slot <= self.query_slots[..., None]) & self.key_valid[:, None, :]
+
+
+def resolve_impl(impl: str | None, *, q_len: int, kv_len: int, mask: AttentionMask,
+                 dtype) -> str:
+  """The implementation to run for one call.
+
+  An explicit choice is honoured, except that `cudnn` cannot express a cache
+  mask (per-row offsets), so cached calls fall back to the automatic choice
+  between `xla` and `chunked`. `None`: cuDNN on GPU for half-precision
+  cache-free chunks, else chunked when the logits are large, else xla.
+  """
+  if impl is not None and impl not in ATTENTION_IMPLS:
+    raise ValueError(f"attention_impl {impl!r} is not one of {ATTENTION_IMPLS} or None")
+  if impl in ("xla", "chunked"):
+    return impl
+  if mask.aligned and (impl == "cudnn" or (
+      jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16))):
+    return "cudnn"
+  return "chunked" if q_len * kv_len >= AUTO_CHUNKED_MIN_LOGITS else "xla"
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, *,
+           impl: str | None = None, block_size: int = 512) -> jax.Array:
+  """Scaled (1/sqrt(Dh)) causal GQA attention.
+
+  Args:
+    q: [B, T, H, Dh] queries (not yet scaled).
+    k, v: [B, S, K, Dh] with H % K == 0 (query head h uses kv head h // (H/K)).
+    mask: visibility of key slots to queries.
+    impl: "xla" | "cudnn" | "chunked" | None (automatic, see `resolve_impl`).
+    block_size: query / key block length of the chunked implementation.
+  Returns:
+    [B, T, H, Dh] in q's dtype. Rows with no visible key are finite (their
+    value differs between implementations and must not be used).
+  """
+  scale = q.shape[-1] ** -0.5
+  chosen = resolve_impl(impl, q_len=q.shape[1], kv_len=k.shape[1], mask=mask, dtype=q.dtype)
+  if chosen == "chunked":
+    return chunked_attention(q, k, v, mask, scale=scale, block_size=block_size)
+  if chosen == "cudnn":
+    # Right padding only: key validity becomes per-row lengths.
+    lengths = jnp.sum(mask.key_valid, axis=1, dtype=jnp.int32)
+    return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True,
+                                        key_value_seq_lengths=lengths, implementation="cudnn")
+  if mask.aligned:  # causal part generated by XLA; only [B, 1, 1, S] passed in
+    return jax.nn.dot_product_attention(q, k, v, mask=mask.key_valid[:, None, None, :],
+                                        scale=scale, is_causal=True, implementation="xla")
+  return jax.nn.dot_product_attention(q, k, v, mask=mask.dense()[:, None], scale=scale,
+                                      implementation="xla")
+
+
+def _pad_axis1(x: jax.Array, size: int, value) -> jax.Array:
+  pad = [(0, 0)] * x.ndim
+  pad[1] = (0, size - x.shape[1])
+  return jnp.pad(x, pad, constant_values=value)
+
+
+def _blocks(x: jax.Array, block: int) -> jax.Array:
+  """[B, N*block, ...] -> [N, B, block, ...] (scan-major)."""
+  b, n = x.shape[0], x.shape[1] // block
+  return jnp.moveaxis(x.reshape(b, n, block, *x.shape[2:]), 1, 0)
+
+
+def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, *,
+                      scale: float, block_size: int = 512) -> jax.Array:
+  """Blockwise online-softmax attention (flash-attention recurrence) in JAX.
+
+  Args, returns: as `attend`; softmax statistics and accumulators in fp32.
+  Query blocks are scanned; for each, key blocks update a running max `m`,
+  normaliser `l` and output accumulator. Key blocks with no visible key for
+  the query block (above the causal diagonal, past the cache length) are
+  skipped with `lax.cond`. Both scan bodies are rematerialised, so backward
+  keeps only per-block carries, never the `[bq, bk]` probabilities.
+  """
+  if block_size < 1:
+    raise ValueError(f"attention block_size must be positive, got {block_size}")
+  b, t, h, dh = q.shape
+  s, kv_heads = k.shape[1], k.shape[2]
+  groups = h // kv_heads
+  bq, bk = min(block_size, t), min(block_size, s)
+  tp, sp = math.ceil(t / bq) * bq, math.ceil(s / bk) * bk
+  # Padded queries see nothing (slot -1); padded keys are invalid.
+  q_blocks = _blocks(_pad_axis1(q, tp, 0).reshape(b, tp, kv_heads, groups, dh), bq)
+  slot_blocks = _blocks(_pad_axis1(mask.query_slots, tp, -1), bq)  # [Nq, B, bq]
+  k_blocks = _blocks(_pad_axis1(k, sp, 0), bk)  # [Nk, B, bk, K, Dh]
+  v_blocks = _blocks(_pad_axis1(v, sp, 0), bk)
+  valid_blocks = _blocks(_pad_axis1(mask.key_valid, sp, False), bk)  # [Nk, B, bk]
+  key_starts = jnp.arange(sp // bk, dtype=jnp.int32) * bk
+
+  def query_block(q_blk: jax.Array, slots: jax.Array) -> jax.Array:
+    """q_blk: [B, bq, K, G, Dh], slots: [B, bq] -> out [B, bq, K, G, Dh]."""
+    newest = jnp.max(slots)
+
+    def key_block(carry, xs):
+      k_blk, v_blk, valid, start = xs
+
+      def update(carry):
+        m, l, acc = carry  # [B, K, G, bq], [B, K, G, bq], [B, K, G, bq, Dh]
+        logits = jnp.einsum("bqkgd,bskd->bkgqs", q_blk, k_blk,
+                            preferred_element_type=jnp.float32) * scale
+        key_slot = start + jnp.arange(bk, dtype=jnp.int32)
+        visible = ((key_slot[None, None, :] <= slots[:, :, None])
+                   & valid[:, None, :])[:, None, None]  # [B, 1, 1, bq, bk]
+        logits = jnp.where(visible, logits, _MASK_VALUE)
+        # The result is invariant to the running max: no gradient through it.
+        m_new = jax.lax.stop_gradient(jnp.maximum(m, jnp.max(logits, axis=-1)))
+        p = jnp.where(visible, jnp.exp(logits - m_new[..., None]), 0.0)
+        correction = jnp.exp(m - m_new)
+        l_new = l * correction + jnp.sum(p, axis=-1)
+        pv = jnp.einsum("bkgqs,bskd->bkgqd", p.astype(v_blk.dtype), v_blk,
+                        preferred_element_type=jnp.float32)
+        return m_new, l_new, acc * correction[..., None] + pv
+
+      needed = (start <= newest) & jnp.any(valid)
+      return jax.lax.cond(needed, update, lambda c: c, carry), None
+
+    init = (jnp.full((b, kv_heads, groups, bq), _MASK_VALUE, jnp.float32),
+            jnp.zeros((b, kv_heads, groups, bq), jnp.float32),
+            jnp.zeros((b, kv_heads, groups, bq, dh), jnp.float32))
+    (_, l, acc), _ = jax.lax.scan(jax.checkpoint(key_block), init,
+                                  (k_blocks, v_blocks, valid_blocks, key_starts))
+    out = acc / jnp.where(l > 0, l, 1.0)[..., None]  # no visible key -> 0
+    return jnp.moveaxis(out, 3, 1).astype(q.dtype)  # [B, bq, K, G, Dh]
+
+  def scan_body(_, xs):
+    return None, query_block(*xs)
+
+  _, out = jax.lax.scan(jax.checkpoint(scan_body), None, (q_blocks, slot_blocks))
+  out = jnp.moveaxis(out, 0, 1).reshape(b, tp, h, dh)  # [B, Tp, H, Dh]
+  return out[:, :t]

@@ -1,0 +1,42 @@
+"""The training side's brief wording: E2E briefs and the stage-local briefs of Stage Bank rows.
+
+Briefs point at the spec and the public workflow (`bat_jax.workflow`), never at the answers.
+"""
+
+from __future__ import annotations
+
+import random
+
+from bat_jax import workflow
+from bat_jax.taskkit.base import TaskInstance
+
+_OPENINGS = ("You are working on a fictional medical-imaging research task.",
+             "A small imaging study needs your help.",
+             "This workspace holds a self-contained research task.",
+             "You have been handed an imaging analysis task.")
+
+
+def make_brief(rng: random.Random, track: str, objective: str) -> str:
+  """The E2E user message: points at the spec and the public workflow, not at the answers."""
+  return (f"{rng.choice(_OPENINGS)} Track: {track}. {objective} Read "
+          f"{workflow.ARTIFACTS['spec']} first: it names the data index, the model card, the "
+          "small validation cases, the prediction schema, the submission format and the "
+          "artifact paths. Work through the five stages (plan, setup, validate, infer, submit) "
+          "with execute_code, write every artifact and receipt by running code, and if the "
+          "task cannot be completed honestly, say so in a failure report instead of inventing "
+          "results.")
+
+
+def brief_for(instance: TaskInstance, focus: str) -> str:
+  """The user message of a row: the E2E brief, or a stage-local brief for S1..S5."""
+  if focus == workflow.E2E:
+    return instance.brief
+  if focus not in workflow.STAGE_GOALS:
+    raise ValueError(f"unknown focus {focus!r}; expected one of {workflow.FOCI}")
+  done = workflow.STAGES[:workflow.STAGES.index(focus)]
+  handoff = (f"Stages {', '.join(done)} are already done: their artifacts are in the workspace. "
+             if done else "")
+  return (f"Track: {instance.track}. {instance.spec['objective']} Read "
+          f"{workflow.ARTIFACTS['spec']} first. {handoff}Do stage {focus} "
+          f"({workflow.STAGE_NAMES[focus]}) only: {workflow.STAGE_GOALS[focus]}. Every artifact "
+          "counts only if code you run writes it.")

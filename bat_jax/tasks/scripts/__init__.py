@@ -1,1 +1,0 @@
-"""Stdlib-only code the expert solver ships into workspaces; the rubric imports the same code."""

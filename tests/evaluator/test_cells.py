@@ -1,0 +1,53 @@
+"""Cells are paired and fixed by seed; the digests tell different measurements apart."""
+
+import dataclasses
+
+import pytest
+
+from bat_jax import workflow
+from bat_jax.evaluator.cells import (Cell, EpisodeLimits, cell_set_digest, make_cells,
+                                     protocol_digest)
+from bat_jax.sandbox import SandboxLimits
+
+
+def test_same_settings_give_the_same_cells():
+  a, b = make_cells(7, 4, "lite"), make_cells(7, 4, "lite")
+  assert a == b and len(a) == 4 * len(workflow.TRACKS)
+  assert cell_set_digest(a) == cell_set_digest(tuple(reversed(b)))
+  per_track = [c for c in a if c.track == "vqa"]
+  assert [c.outcome for c in per_track] == ["success", "recovery", "failure", "success"]
+
+
+def test_digests_change_with_what_is_measured():
+  base = make_cells(7, 3, "lite")
+  assert cell_set_digest(make_cells(8, 3, "lite")) != cell_set_digest(base)
+  assert cell_set_digest(make_cells(7, 3, "standard")) != cell_set_digest(base)
+  assert cell_set_digest(make_cells(7, 2, "lite")) != cell_set_digest(base)
+  limits, sandbox = EpisodeLimits(), SandboxLimits()
+  ref = protocol_digest(base, limits, sandbox)
+  assert ref == protocol_digest(base, limits, sandbox)
+  assert protocol_digest(base, dataclasses.replace(limits, max_tool_calls=22), sandbox) != ref
+  assert protocol_digest(base, limits, dataclasses.replace(sandbox, wall_s=5.0)) != ref
+
+
+def test_bad_cells_and_limits_are_named():
+  with pytest.raises(ValueError, match="Cell.track 'xray'"):
+    Cell("xray", "success", 0, "lite")
+  with pytest.raises(ValueError, match="Cell.tier"):
+    Cell("vqa", "success", 0, "gold")
+  with pytest.raises(ValueError, match="max_assistant_turns"):
+    EpisodeLimits(max_assistant_turns=0)
+  with pytest.raises(ValueError, match="cells_per_track"):
+    make_cells(0, 0, "lite")
+
+
+def test_settings_follow_the_run_config():
+  from configs import base
+  from bat_jax.evaluator import EvalSettings, RunOptions
+  cfg = base.base_config()
+  settings = EvalSettings.from_config(cfg)
+  assert settings.tier == cfg.evaluator.tier and settings.seed == cfg.evaluator.seed
+  assert settings.limits == EpisodeLimits()  # the training rollouts' limits
+  assert settings.sandbox_limits == SandboxLimits()
+  assert len(settings.cells()) == cfg.evaluator.cells_per_track * len(workflow.TRACKS)
+  assert RunOptions.from_config(cfg.evaluator).workers == cfg.evaluator.workers
