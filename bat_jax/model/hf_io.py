@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -28,6 +27,7 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from bat_jax import io_utils
 from bat_jax.model.config import CONFIG_FILE, ModelConfig
 from bat_jax.model.decoder import CausalLM, build_model
 
@@ -183,24 +183,19 @@ def load_pretrained(path: str | Path, *, dtype=None, param_dtype=None) -> Causal
 # -- writing ------------------------------------------------------------------
 
 
-def _fsync_replace(tmp: Path, dest: Path) -> None:
-  with open(tmp, "rb+") as f:
-    os.fsync(f.fileno())
-  os.replace(tmp, dest)
-
-
-def _atomic_write_text(dest: Path, text: str) -> None:
-  fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-  with os.fdopen(fd, "w") as f:
-    f.write(text)
-  _fsync_replace(Path(tmp), dest)
-
-
 def _atomic_save_tensors(dest: Path, tensors: dict[str, np.ndarray]) -> None:
+  # safetensors streams to a path (no second in-memory copy of a 9B model), so the write goes
+  # to a tmp file that is then fsynced and renamed like io_utils' atomic writes.
   fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
   os.close(fd)
-  save_file(tensors, tmp, metadata={"format": "pt"})  # "pt": transformers requires it
-  _fsync_replace(Path(tmp), dest)
+  try:
+    save_file(tensors, tmp, metadata={"format": "pt"})  # "pt": transformers requires it
+    io_utils.fsync_file(tmp)
+    os.replace(tmp, dest)
+  except BaseException:
+    Path(tmp).unlink(missing_ok=True)
+    raise
+  io_utils.fsync_dir(dest.parent)
 
 
 def _shard(tensors: dict[str, np.ndarray], max_shard_bytes: int) -> list[dict[str, np.ndarray]]:
@@ -243,8 +238,9 @@ def save_pretrained(model: CausalLM, path: str | Path, *, tokenizer_dir: str | P
       weight_map.update({name: fname for name in shard})
     index = {"metadata": {"total_size": int(sum(t.nbytes for t in tensors.values()))},
              "weight_map": dict(sorted(weight_map.items()))}
-    _atomic_write_text(path / INDEX_FILE, json.dumps(index, indent=2) + "\n")
-  _atomic_write_text(path / CONFIG_FILE, json.dumps(model.config.to_hf_dict(), indent=2) + "\n")
+    io_utils.atomic_write_text(path / INDEX_FILE, json.dumps(index, indent=2) + "\n")
+  io_utils.atomic_write_text(path / CONFIG_FILE,
+                             json.dumps(model.config.to_hf_dict(), indent=2) + "\n")
   if tokenizer_dir is not None:
     tokenizer_dir = Path(tokenizer_dir)
     if not tokenizer_dir.is_dir():
@@ -252,8 +248,5 @@ def save_pretrained(model: CausalLM, path: str | Path, *, tokenizer_dir: str | P
     for name in TOKENIZER_FILES:
       src = tokenizer_dir / name
       if src.is_file():
-        fd, tmp = tempfile.mkstemp(dir=path, prefix=f".{name}.", suffix=".tmp")
-        os.close(fd)
-        shutil.copyfile(src, tmp)
-        _fsync_replace(Path(tmp), path / name)
+        io_utils.atomic_write_bytes(path / name, src.read_bytes())
   return path
