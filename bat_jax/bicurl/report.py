@@ -67,11 +67,15 @@ def markdown(report: dict[str, Any]) -> str:
                  f"{_fmt(e['agentic'])} | "
                  + " | ".join(_fmt(e["stage_scores"][s]) for s in workflow.STAGES) + " |")
   lines += ["", "## Rounds", "",
-            "| round | target | start | gate | promoted | healthy | reward | KL | held because |",
-            "|---:|---|---|---|---|---|---:|---:|---|"]
+            "| round | target | stage weights | pool mix | start | gate | promoted | healthy | "
+            "reward | KL | held because |",
+            "|---:|---|---|---|---|---|---|---|---:|---:|---|"]
   for r in report["rounds"]:
     reasons = "; ".join(r["gate"]["reasons"]) or "-"
-    lines.append(f"| {r['round']} | {r['target']} | {r['start_policy']} | "
+    stage_w = " ".join(f"{s}:{r['weights']['stage_weights'][s]:.2f}" for s in workflow.STAGES
+                       if r["weights"]["stage_weights"][s])
+    pool_w = " ".join(f"{p}:{r['weights']['pool_mix'][p]:.2f}" for p in workflow.POOLS)
+    lines.append(f"| {r['round']} | {r['target']} | {stage_w} | {pool_w} | {r['start_policy']} | "
                  f"{'pass' if r['gate']['passed'] else 'hold'} | {r['promoted']} | "
                  f"{r['healthy']} | {_fmt(r['reward_mean'])} | {_fmt(r['kl_mean'])} | "
                  f"{reasons} |")

@@ -86,7 +86,8 @@ class RoundRecord:
 
   Attributes:
     round: round index (0-based).
-    target: the stage the round practised (the weights' primary stage).
+    target: the weights' primary stage (largest weight, ties to the earliest): the one-hot
+      target under argmin, only the first of equals under uniform.
     weights: `{"pool_mix": {...}, "stage_weights": {...}}` the Stage Bank built it with.
     start_policy: the policy the round started from (the last promoted one).
     candidate: the policy it produced (`round_NNN`).

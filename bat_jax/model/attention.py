@@ -196,6 +196,6 @@ def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionM
   def scan_body(_, xs):
     return None, query_block(*xs)
 
-  _, out = jax.lax.scan(scan_body, None, (q_blocks, slot_blocks))
+  _, out = jax.lax.scan(jax.checkpoint(scan_body), None, (q_blocks, slot_blocks))
   out = jnp.moveaxis(out, 0, 1).reshape(b, tp, h, dh)  # [B, Tp, H, Dh]
   return out[:, :t]

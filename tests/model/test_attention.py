@@ -8,9 +8,11 @@ import optax
 import pytest
 from flax import nnx
 
+from bat_jax import sharding
 from bat_jax.model import ModelConfig, build_model, load_pretrained
 from bat_jax.model.attention import AttentionMask, attend, resolve_impl
 from bat_jax.model.decoder import with_attention_impl
+from bat_jax.model.layers import Attention
 from hf_fixtures import (build_torch_model, jit_call, qwen3_5_text_config, qwen3_config,
                          save_torch_model, torch_logits)
 
@@ -126,8 +128,8 @@ def torch_reference(tmp_path_factory):
 def test_model_logits_match_transformers_with_each_impl(torch_reference, family, impl):
   path, ids, ref = torch_reference[family]
   model = with_attention_impl(load_pretrained(path), impl, block_size=16)
-  assert all(m.attention_impl == impl for _, m in model.iter_modules()
-             if hasattr(m, "attention_impl"))
+  attentions = [m for _, m in model.iter_modules() if isinstance(m, Attention)]
+  assert attentions and all(m.attention_impl == impl for m in attentions)
   out = np.asarray(jit_call(model, jnp.asarray(ids, jnp.int32)))
   assert np.abs(out - ref).max() < 1e-4
 
@@ -169,13 +171,13 @@ def fwd_bwd_temp_bytes(cfg: ModelConfig, batch: int, seq: int) -> int:
 
 def test_chunked_forward_backward_needs_less_temp_memory():
   cfg = ModelConfig.from_hf_dict(qwen3_config(
-      vocab_size=256, hidden_size=64, num_attention_heads=8, num_key_value_heads=2, head_dim=8,
-      max_position_embeddings=4096))
-  dense = fwd_bwd_temp_bytes(cfg.replace(attention_impl="xla"), 1, 1024)
-  chunked = fwd_bwd_temp_bytes(cfg.replace(attention_impl="chunked", attention_block_size=128),
-                               1, 1024)
-  # Dense holds [B, H, T, T] fp32 logits/probs per layer (32 MiB here).
-  assert dense > 32 * 2**20
+      vocab_size=256, hidden_size=64, num_hidden_layers=1, num_attention_heads=8,
+      num_key_value_heads=2, head_dim=8, max_position_embeddings=4096))
+  dense = fwd_bwd_temp_bytes(cfg.replace(attention_impl="xla"), 1, 768)
+  chunked = fwd_bwd_temp_bytes(cfg.replace(attention_impl="chunked", attention_block_size=64),
+                               1, 768)
+  # Dense holds [B, H, T, T] fp32 logits / probabilities (18 MiB each here).
+  assert dense > 18 * 2**20
   assert chunked < dense / 4
 
 
@@ -197,3 +199,20 @@ def test_cudnn_flash_attention_matches_chunked_on_gpu():
   np.testing.assert_allclose(cudnn_loss, ref_loss, rtol=2e-2)
   for g, rg in zip(cudnn_grads, ref_grads):
     np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(rg, np.float32), atol=5e-2)
+
+
+def test_chunked_forward_sharded_over_8_devices_equals_unsharded_dense():
+  cfg = ModelConfig.from_hf_dict(qwen3_config())
+  model = build_model(cfg.replace(attention_impl="chunked", attention_block_size=4),
+                      rngs=nnx.Rngs(0))
+  ids = jnp.asarray(np.random.RandomState(0).randint(0, 97, size=(4, 12)), jnp.int32)
+  expected = jit_call(with_attention_impl(model, "xla"), ids)
+  graphdef, state = nnx.split(model)
+  mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2, devices=jax.devices()[:8])
+  param_sh = sharding.model_shardings(state, mesh)
+  batch_sh = sharding.batch_sharding(mesh, 2)
+  forward = jax.jit(lambda st, x: nnx.merge(graphdef, st)(x), in_shardings=(param_sh, batch_sh),
+                    out_shardings=sharding.batch_sharding(mesh, 3))
+  with jax.default_matmul_precision("highest"):
+    out = forward(jax.device_put(state, param_sh), jax.device_put(ids, batch_sh))
+  np.testing.assert_allclose(out, expected, atol=1e-5)
