@@ -53,6 +53,12 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(cfg.distributed.xla_mem_fraction))
   if cfg.distributed.enabled:
     _initialize_distributed(cfg.distributed)
+  # A persistent XLA cache per run: a resumed run (and the SFT step, compiled once ahead of
+  # time for its memory analysis and once by the loop) does not pay for compiling twice.
+  import jax
+  if not jax.config.jax_compilation_cache_dir:
+    jax.config.update("jax_compilation_cache_dir", os.path.join(_WORKDIR.value, "xla_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
   report = bicurl.run(cfg, _WORKDIR.value)
   print(json.dumps({"evaluations": report["evaluations"], "phase_seconds": report["phase_seconds"]},
                    indent=1))

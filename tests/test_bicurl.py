@@ -6,6 +6,7 @@ SIGKILL-and-resume check and the launch.py checks live in tests/bicurl/.
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -80,9 +81,24 @@ def test_corrupt_outer_state_is_named(tmp_path):
     OuterState.load(tmp_path)
 
 
-def test_end_to_end_tiny_run_artifacts_and_round_structure(tmp_path, require_bwrap):
+@pytest.fixture
+def compilation_cache(tmp_path):
+  """A persistent XLA cache for the test (what launch.py sets per run): the SFT step compiled
+  ahead of time for its memory analysis is then not compiled a second time."""
+  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+  saved = {k: getattr(jax.config, k) for k in keys}
+  jax.config.update(keys[0], str(tmp_path / "xla_cache"))
+  jax.config.update(keys[1], 0.0)
+  yield
+  for k, v in saved.items():
+    jax.config.update(k, v)
+
+
+def test_end_to_end_tiny_run_artifacts_and_round_structure(tmp_path, require_bwrap,
+                                                            compilation_cache):
   cfg = fast_config()
-  report = run(cfg, tmp_path)
+  report = run(cfg, tmp_path / "run")
+  tmp_path = tmp_path / "run"
   rounds = cfg.grpo.rounds
 
   # Artifacts.
