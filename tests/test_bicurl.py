@@ -127,6 +127,15 @@ def test_end_to_end_tiny_run_artifacts_and_round_structure(tmp_path, require_bwr
     assert [s["step"] for s in rec.steps] == list(range(1, cfg.grpo.steps_per_round + 1))
     assert all(np.isfinite(s["loss"]) and "reward_mean" in s for s in rec.steps)
     assert rec.promoted == rec.gate["passed"] and "training_healthy" in rec.gate["checks"]
+    # Tied rewards in every group give no signal: no update (not even a KL-only Adam step).
+    for s in rec.steps:
+      assert s["no_signal"] in (0.0, 1.0)
+      if s["no_signal"]:
+        assert s["update_applied"] == 0 and s["grad_norm"] == 0
+    if all(s["no_signal"] for s in rec.steps):
+      weights = lambda p: sorted(f.read_bytes() for f in (tmp_path / "policies" / p).glob(
+          "*.safetensors"))
+      assert weights(rec.candidate) == weights(rec.start_policy)
     baseline = rec.candidate if rec.promoted else baseline
   assert state.baseline == baseline == report["baseline"]
   for phase in ("sft", "evaluation", "rollout", "update"):

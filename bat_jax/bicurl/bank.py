@@ -19,7 +19,7 @@ import ml_collections
 
 from bat_jax.evaluator.evaluate import EvalSettings
 from bat_jax.evaluator.markers_export import export_cells, write_export
-from bat_jax.rollout.sglang_launcher import _die_with_parent  # PR_SET_PDEATHSIG helper
+from bat_jax.rollout.sglang_launcher import die_with_parent  # PR_SET_PDEATHSIG helper
 from bat_jax.stagebank import serve as bank_serve
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class StageBank:
       # It dies with the trainer, so a SIGKILLed run leaves no server behind to race the
       # next one over the bank directory.
       process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                 stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
     log.info("Stage Bank spawned (pid %d): %s", process.pid, " ".join(argv))
     return cls(bank_dir, process, cfg.stagebank.request_timeout_s, log_path)
 

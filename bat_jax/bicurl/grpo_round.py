@@ -211,10 +211,18 @@ class GrpoRound:
         batch, stats = rollout_batch(trajectories, max_len=self.max_len, cfg=self.loss_cfg,
                                      pad_id=self.chat.endoftext_id)
         t1 = time.monotonic()
-        batch["old_logp"] = self._old_logp(self.state.params, jnp.asarray(batch["input_ids"]))
         skipped_before = int(self.state.skipped)
-        self.state, metrics = self._compiled_step(batch)(self.state, batch, self.frozen)
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
+        if np.any(batch["advantages"]):
+          batch["old_logp"] = self._old_logp(self.state.params, jnp.asarray(batch["input_ids"]))
+          self.state, metrics = self._compiled_step(batch)(self.state, batch, self.frozen)
+          metrics = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
+          metrics["no_signal"] = 0.0
+        else:
+          # Every group's rewards are tied, so the policy term is exactly zero; only the KL term
+          # would remain, and AdamW would rescale its ~1e-8 gradient into lr-sized steps that
+          # drift the policy with no learning signal. The data still moves on.
+          self.state = self.state.replace(step=self.state.step + 1)
+          metrics = {"loss": 0.0, "grad_norm": 0.0, "update_applied": 0.0, "no_signal": 1.0}
         t2 = time.monotonic()
         step = int(self.state.step)
         if not all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")):

@@ -72,7 +72,7 @@ except OSError:  # pragma: no cover - not glibc Linux
   _LIBC = None
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
   """Asks the kernel to SIGTERM the child when its parent dies (Linux PR_SET_PDEATHSIG)."""
   if _LIBC is not None:
     _LIBC.prctl(1, signal.SIGTERM)
@@ -126,7 +126,7 @@ class ServerProcess:
       warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
       self._proc = subprocess.Popen(
           self.command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-          env={**os.environ, **self.env}, start_new_session=True, preexec_fn=_die_with_parent)
+          env={**os.environ, **self.env}, start_new_session=True, preexec_fn=die_with_parent)
     try:
       self._wait_healthy()
     except BaseException:
