@@ -13,6 +13,7 @@ In one run:
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +22,8 @@ from bat_jax import workflow
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.tasks import FAMILIES, expert_episode
 from bat_jax.tasks.sweep import expert_sweep
-from experiments.perf.sandbox_overhead import measure_overhead
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script from anywhere
+from sandbox_overhead import measure_overhead  # noqa: E402
 
 LIMITS = SandboxLimits(wall_s=60.0)
 
