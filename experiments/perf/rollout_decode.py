@@ -96,9 +96,7 @@ def rollout_throughput(model, *, items: int, group: int, max_turns: int,
     loop = AgentLoop(ScriptedEngine(chat, script), chat,
                      task_environments(tmp / "expert", cache_dir=tmp / "cache"),
                      limits=RolloutLimits(max_response_tokens=10 ** 6, max_turn_tokens=10 ** 5))
-    start = time.perf_counter()
-    trajs = loop.run(rows, group)
-    seconds = time.perf_counter() - start
+    trajs, seconds = _timed_run(loop, rows, group)
     calls = sum(t.num_tool_calls for t in trajs)
     print(f"rollout expert-script: {len(trajs)} trajectories, {calls} sandboxed calls in "
           f"{seconds:.1f}s -> {60 * len(trajs) / seconds:.1f} trajectories/min "
@@ -113,13 +111,18 @@ def rollout_throughput(model, *, items: int, group: int, max_turns: int,
                      limits=RolloutLimits(max_assistant_turns=max_turns,
                                           max_turn_tokens=turn_tokens))
     loop.run(rows, group)  # compile every prefill bucket and the decode block
-    start = time.perf_counter()
-    trajs = loop.run(rows, group)
-    seconds = time.perf_counter() - start
+    trajs, seconds = _timed_run(loop, rows, group)
     tokens = sum(t.num_response_tokens for t in trajs)
     print(f"rollout tiny JAX policy: {len(trajs)} trajectories x {max_turns} turns, "
           f"{tokens} generated tokens in {seconds:.1f}s -> "
           f"{60 * len(trajs) / seconds:.1f} trajectories/min")
+
+
+def _timed_run(loop, rows, group):
+  """(trajectories, wall seconds) of one `AgentLoop.run`."""
+  start = time.perf_counter()
+  trajs = loop.run(rows, group)
+  return trajs, time.perf_counter() - start
 
 
 def gpu_1b(args) -> None:
