@@ -24,6 +24,7 @@ import functools
 import contextlib
 import hashlib
 import json
+import math
 import os
 import secrets
 import select
@@ -34,11 +35,15 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from bat_jax import workflow
+from bat_jax.sandbox import cgroup
 from bat_jax.sandbox import evidence as evidence_lib
+from bat_jax.sandbox import monitor
+from bat_jax.sandbox import safe_fs
 from bat_jax.sandbox import seccomp
 from bat_jax.sandbox import workspace as workspace_lib
 
@@ -63,7 +68,8 @@ _PROCS_FAILED_SIGNS = ("BlockingIOError: [Errno 11]",)
 _HOST_UID_MIN, _HOST_UID_SPAN = 3_000_000, 1_000_000
 # RLIMIT_AS caps each process; the whole call's private memory is polled this often.
 _MEMORY_POLL_S = 0.1
-_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+# The workspace's size, entry count and depth are checked this often during a call.
+_WATCH_POLL_S = 0.2
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -85,8 +91,9 @@ class SandboxLimits:
   def __post_init__(self):
     for f in dataclasses.fields(self):
       v = getattr(self, f.name)
-      if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-        raise ValueError(f"SandboxLimits.{f.name} must be a positive number, got {v!r}")
+      if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+          or v <= 0:
+        raise ValueError(f"SandboxLimits.{f.name} must be a finite positive number, got {v!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +116,7 @@ class _Completed:
   timed_out: bool
   output_exceeded: bool
   memory_exceeded: bool = False
+  watch_limit: Optional[str] = None  # what `watch` reported (the workspace caps)
 
 
 @functools.lru_cache(maxsize=None)
@@ -226,122 +234,131 @@ def _read_pid1(info: bytes) -> Optional[int]:
   return pid if isinstance(pid, int) and pid > 1 else None
 
 
-def _tree_private_bytes(root_pid: int) -> int:
-  """Private resident bytes (RSS minus file-backed/shared pages) of root_pid and descendants.
-
-  Orphans inside the sandbox are re-parented to its PID 1, so the tree under PID 1 is every
-  process of the call. Copy-on-write pages shared after fork() count once per process.
-  """
-  children: dict[int, list[int]] = {}
-  for name in os.listdir("/proc"):
-    if not name.isdigit():
-      continue
-    try:
-      with open(f"/proc/{name}/stat", "rb") as f:
-        stat = f.read()
-    except OSError:
-      continue  # exited meanwhile
-    ppid = int(stat[stat.rindex(b")") + 2:].split()[1])  # comm may hold spaces and parens
-    children.setdefault(ppid, []).append(int(name))
-  total, stack = 0, [root_pid]
-  while stack:
-    pid = stack.pop()
-    stack.extend(children.get(pid, ()))
-    try:
-      with open(f"/proc/{pid}/statm") as f:
-        resident, shared = f.read().split()[1:3]
-    except (OSError, ValueError):
-      continue
-    total += (int(resident) - int(shared)) * _PAGE_BYTES
-  return total
-
-
 def _kill_sandbox(proc: subprocess.Popen, pid1_fd: Optional[int]) -> None:
   """SIGKILLs the sandbox's PID 1 (the kernel then kills its whole pid namespace) and bwrap."""
   if pid1_fd is not None:
     try:
       signal.pidfd_send_signal(pid1_fd, signal.SIGKILL)
-    except ProcessLookupError:
+    except (ProcessLookupError, OSError):
       pass
   try:
     os.killpg(proc.pid, signal.SIGKILL)  # bwrap leads its own session (start_new_session)
-  except ProcessLookupError:
+  except (ProcessLookupError, PermissionError):
     pass
 
 
-def run_bwrap(argv: list[str], fds: _CallFds, *, wall_s: float, max_output_bytes: int,
-              max_memory_bytes: int) -> _Completed:
-  """Runs argv, capturing at most max_output_bytes of stdout+stderr.
+@dataclasses.dataclass
+class _Watch:
+  """State of one running call, read and updated by `run_bwrap`'s loop."""
+  proc: subprocess.Popen
+  pid1_fd: Optional[int] = None
+  pid1: Optional[int] = None
+  info: bytearray = dataclasses.field(default_factory=bytearray)
+  total: int = 0
+  stopped: Optional[str] = None  # "wall", "output", "memory" or a `watch` limit
 
-  Kills the sandbox at wall_s, at the output cap, or when its processes together hold more
-  than max_memory_bytes of private memory (polled every _MEMORY_POLL_S). Returns only after
-  the sandbox's PID 1, hence every process of the call, has exited.
-  """
-  deadline = time.monotonic() + wall_s
+
+def _launch(argv: list[str], fds: _CallFds, memory_cgroup) -> subprocess.Popen:
+  if memory_cgroup is not None:  # join the group first, so every process of the call is in it
+    argv = ["/bin/sh", "-c", 'echo 0 > "$0" && exec "$@"', memory_cgroup.procs_file, *argv]
   try:
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE,
                             pass_fds=(fds.workspace, fds.info_w, fds.seccomp),
                             start_new_session=True, env={"PATH": "/usr/bin:/bin"})
   finally:
     fds.close("info_w", "seccomp")  # bwrap has its copies; info_r sees EOF when it is done
+
+
+def _on_read(w: _Watch, what: str, chunk: bytes, bufs: dict, max_output_bytes: int) -> None:
+  if what == "info":
+    w.info += chunk
+    if w.pid1_fd is None:
+      w.pid1 = _read_pid1(bytes(w.info))
+      if w.pid1 is not None:  # bwrap has not reaped it: the pid is still its
+        w.pid1_fd = os.pidfd_open(w.pid1)
+    return
+  room = max_output_bytes - w.total
+  bufs[what] += chunk[:max(room, 0)]
+  w.total += len(chunk)
+  if w.total > max_output_bytes:
+    w.stopped = "output"
+
+
+def run_bwrap(argv: list[str], fds: _CallFds, *, wall_s: float, max_output_bytes: int,
+              max_memory_bytes: int, memory_cgroup: Optional[cgroup.MemoryCgroup] = None,
+              watch: Optional[Callable[[], Optional[str]]] = None) -> _Completed:
+  """Runs argv, capturing at most max_output_bytes of stdout+stderr.
+
+  Kills the sandbox at wall_s, at the output cap, when its memory goes over max_memory_bytes
+  (the kernel does it in `memory_cgroup`; otherwise polled every _MEMORY_POLL_S), or when
+  `watch()` (polled every _WATCH_POLL_S) names a limit. Returns only after the sandbox's PID 1,
+  hence every process of the call, has exited; if anything here raises, the sandbox is killed
+  before the exception propagates.
+  """
+  if not (isinstance(wall_s, (int, float)) and math.isfinite(wall_s) and wall_s > 0):
+    raise ValueError(f"run_bwrap: wall_s must be a finite positive number, got {wall_s!r}")
+  deadline = time.monotonic() + wall_s
+  w = _Watch(_launch(argv, fds, memory_cgroup))
   bufs = {"stdout": bytearray(), "stderr": bytearray()}
-  info, pid1, pid1_fd = bytearray(), None, None
-  total, timed_out, exceeded, memory_exceeded = 0, False, False, False
-  next_memory_check = time.monotonic() + _MEMORY_POLL_S
+  next_memory = next_watch = time.monotonic()
   sel = selectors.DefaultSelector()
-  sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
-  sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
-  sel.register(fds.info_r, selectors.EVENT_READ, "info")
   try:
-    while sel.get_map() and not (timed_out or exceeded or memory_exceeded):
+    sel.register(w.proc.stdout, selectors.EVENT_READ, "stdout")
+    sel.register(w.proc.stderr, selectors.EVENT_READ, "stderr")
+    sel.register(fds.info_r, selectors.EVENT_READ, "info")
+    while sel.get_map() and w.stopped is None:
       now = time.monotonic()
       if now >= deadline:
-        timed_out = True
+        w.stopped = "wall"
         break
-      if pid1_fd is not None and now >= next_memory_check:
-        memory_exceeded = _tree_private_bytes(pid1) > max_memory_bytes
-        next_memory_check = now + _MEMORY_POLL_S
-      wake = deadline if pid1_fd is None else min(deadline, next_memory_check)
+      if w.pid1 is not None and now >= next_memory:  # an OOM kill in the group ends the call
+        if (memory_cgroup.oom_killed() if memory_cgroup is not None
+            else monitor.call_memory_bytes(w.pid1) > max_memory_bytes):
+          w.stopped = "memory"
+        next_memory = now + _MEMORY_POLL_S
+      if watch is not None and now >= next_watch:
+        w.stopped = w.stopped or watch()
+        next_watch = now + _WATCH_POLL_S
+      wake = min(deadline, next_watch if watch is not None else deadline,
+                 next_memory if w.pid1 is not None else deadline)
       for key, _ in sel.select(timeout=max(wake - now, 0.0)):
         chunk = os.read(key.fd, 1 << 16)
         if not chunk:
           sel.unregister(key.fileobj)
-        elif key.data == "info":
-          info += chunk
-          pid1 = _read_pid1(bytes(info)) if pid1_fd is None else pid1
-          if pid1 is not None and pid1_fd is None:  # bwrap has not reaped it: pid is still its
-            pid1_fd = os.pidfd_open(pid1)
         else:
-          room = max_output_bytes - total
-          bufs[key.data] += chunk[:max(room, 0)]
-          total += len(chunk)
-          exceeded = total > max_output_bytes
-    if timed_out or exceeded or memory_exceeded:
-      _kill_sandbox(proc, pid1_fd)
-      returncode = proc.wait()
-    else:
+          _on_read(w, key.data, chunk, bufs, max_output_bytes)
+    if w.stopped is None:
       try:
-        returncode = proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        returncode = w.proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
       except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_sandbox(proc, pid1_fd)
-        returncode = proc.wait()
-    if pid1_fd is not None:  # bwrap reaps PID 1 before it exits; this just makes it certain
+        w.stopped = "wall"
+    if w.stopped is not None:
+      _kill_sandbox(w.proc, w.pid1_fd)
+      returncode = w.proc.wait()
+    if w.pid1_fd is not None:  # bwrap reaps PID 1 before it exits; this just makes it certain
       waiter = select.poll()
-      waiter.register(pid1_fd, select.POLLIN)
+      waiter.register(w.pid1_fd, select.POLLIN)
       waiter.poll(5000)
+  except BaseException:
+    _kill_sandbox(w.proc, w.pid1_fd)  # never leave a sandbox running behind an exception
+    w.proc.wait()
+    raise
   finally:
     sel.close()
-    proc.stdout.close()
-    proc.stderr.close()
+    w.proc.stdout.close()
+    w.proc.stderr.close()
     fds.close("info_r")
-    if pid1_fd is not None:
-      os.close(pid1_fd)
+    if w.pid1_fd is not None:
+      os.close(w.pid1_fd)
   if returncode < 0:  # bwrap itself killed by a signal: shell convention
     returncode = 128 - returncode
-  return _Completed(returncode, bytes(bufs["stdout"]), bytes(bufs["stderr"]), timed_out,
-                    exceeded, memory_exceeded)
+  oom = memory_cgroup is not None and memory_cgroup.oom_killed()
+  known = ("wall", "output", "memory")
+  return _Completed(returncode, bytes(bufs["stdout"]), bytes(bufs["stderr"]),
+                    w.stopped == "wall", w.stopped == "output",
+                    w.stopped == "memory" or oom,
+                    w.stopped if w.stopped not in known and w.stopped is not None else None)
 
 
 def _limit_hit(done: _Completed, stderr: str) -> Optional[str]:
@@ -352,6 +369,8 @@ def _limit_hit(done: _Completed, stderr: str) -> Optional[str]:
     return "output"
   if done.memory_exceeded:
     return "memory"
+  if done.watch_limit is not None:
+    return done.watch_limit
   if done.returncode in (_SIGXCPU_EXIT, _SIGKILL_EXIT):
     return "cpu"
   if done.returncode == _SIGXFSZ_EXIT or "File size limit exceeded" in stderr:
@@ -373,8 +392,14 @@ def _limit_note(limit: str, limits: SandboxLimits) -> str:
       "memory": f"memory limit of {limits.memory_mb} MB hit: an allocation was refused or "
                 "the whole process tree was killed",
       "procs": f"process limit of {limits.max_procs} processes hit: a fork failed",
-      "workspace": f"workspace size limit of {limits.max_workspace_mb} MB hit",
+      "workspace": f"workspace size limit of {limits.max_workspace_mb} MB hit: the files "
+                   "this call added or changed were removed",
+      "workspace_entries": f"workspace holds more than {_WALK.max_entries} entries: the "
+                           "entries this call added or changed were removed",
+      "workspace_depth": f"workspace is nested deeper than {_WALK.max_depth - 1} folders: "
+                         "the entries this call added or changed were removed",
       "code_size": f"code is longer than {MAX_CODE_BYTES} bytes or holds a NUL byte: not run",
+      "code_encoding": "code holds a lone surrogate (not encodable as UTF-8): not run",
   }[limit]
   return f"[sandbox] {what}"
 
@@ -388,6 +413,69 @@ def _observation(exit_code: int, stdout: str, stderr: str, note: Optional[str]) 
   if len(stdout) > budget:
     stdout = f"{stdout[:budget]}\n...[cut {len(stdout) - budget} chars]"
   return workflow.format_observation(exit_code, stdout, stderr)
+
+
+_WALK = safe_fs.WalkBudget()
+_DISK_LIMITS = ("workspace", "workspace_entries", "workspace_depth")
+
+
+def _code_problem(code: str) -> Optional[str]:
+  """Why code cannot be run at all ("code_size", "code_encoding"), or None."""
+  try:
+    size = len(code.encode("utf-8"))
+  except UnicodeEncodeError:
+    return "code_encoding"
+  return "code_size" if size > MAX_CODE_BYTES or "\0" in code else None
+
+
+def _neutral_stage(workspace: Path) -> Optional[Path]:
+  """A private folder, named at random, on the workspace's filesystem (None if none found).
+
+  bwrap's bind shows the source's path inside its filesystem in /proc/self/mountinfo; during
+  a call the workspace is renamed into this folder, so that path says nothing about the host
+  (a cell's outcome, a user name, a run directory).
+  """
+  dev = workspace.stat().st_dev
+  for base in (tempfile.gettempdir(), "/dev/shm", "/var/tmp"):
+    try:
+      if os.stat(base).st_dev != dev:
+        continue
+      stage = Path(tempfile.mkdtemp(prefix="", dir=base))
+    except OSError:
+      continue
+    return stage
+  return None
+
+
+def _remove_stage(stage: str) -> None:
+  try:
+    os.rmdir(stage)
+  except OSError:
+    pass
+
+
+@contextlib.contextmanager
+def _staged(workspace: Path, stage: Optional[Path]) -> Iterator[Path]:
+  """The workspace renamed to a random name in `stage` for the duration (or as is)."""
+  if stage is None:
+    yield workspace
+    return
+  staged = stage / secrets.token_hex(8)
+  os.rename(workspace, staged)
+  try:
+    yield staged
+  finally:
+    os.rename(staged, workspace)
+
+
+@contextlib.contextmanager
+def _memory_cgroup(limits: SandboxLimits) -> Iterator[Optional[cgroup.MemoryCgroup]]:
+  group = cgroup.MemoryCgroup(limits.memory_mb << 20) if cgroup.available() else None
+  try:
+    yield group
+  finally:
+    if group is not None:
+      group.remove()
 
 
 @functools.lru_cache(maxsize=None)
@@ -443,6 +531,9 @@ class Sandbox:
         evidence_lib.load_evidence(self.evidence_path)
         if self.evidence_path is not None and self.evidence_path.exists() else [])
     self._lock = threading.Lock()
+    self._stage = _neutral_stage(self.workspace)
+    if self._stage is not None:
+      weakref.finalize(self, _remove_stage, str(self._stage))
 
   @property
   def evidence(self) -> list[evidence_lib.EvidenceRecord]:
@@ -461,43 +552,63 @@ class Sandbox:
 
   def _execute_locked(self, language: str, code: str) -> ExecResult:
     start = time.monotonic()
-    if self.host_uid is not None:
-      workspace_lib.claim(self.workspace, self.host_uid, self.host_uid)
-    before = workspace_lib.fingerprint(self.workspace)
-    if len(code.encode("utf-8", "surrogatepass")) > MAX_CODE_BYTES or "\0" in code:
-      done = _Completed(2, b"", b"", False, False)
-      limit: Optional[str] = "code_size"
-    else:
-      done = self._run(language, code)
-      limit = None
+    before = after = {}
+    done = _Completed(-1, b"", b"", False, False)
+    limit: Optional[str] = "harness_error"  # what the record says if anything below raises
+    try:
+      if self.host_uid is not None:
+        workspace_lib.claim(self.workspace, self.host_uid, self.host_uid)
+      before = after = self._scan().fp
+      limit = _code_problem(code)
+      done = self._run(language, code) if limit is None else _Completed(2, b"", b"", False, False)
+      stderr = done.stderr.decode("utf-8", "replace")
+      limit = limit or _limit_hit(done, stderr)
+      found = self._scan()
+      limit = limit or found.limit
+      if limit is None and found.total_bytes > self.limits.max_workspace_mb << 20:
+        limit = "workspace"
+      if limit in _DISK_LIMITS:  # over a cap: what the call added or changed goes
+        workspace_lib.prune_to(self.workspace, before)
+        found = self._scan()
+      after = found.fp
+    finally:
+      duration = time.monotonic() - start
+      self._record(evidence_lib.EvidenceRecord(
+          call_index=len(self._records), language=language,
+          code_sha256=hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest(),
+          exit_code=done.returncode, duration_s=duration, timed_out=done.timed_out,
+          fingerprint_before=workspace_lib.fingerprint_digest(before),
+          fingerprint_after=workspace_lib.fingerprint_digest(after),
+          changed=workspace_lib.diff(before, after), limit_hit=limit))
     stdout = done.stdout.decode("utf-8", "replace")
-    stderr = done.stderr.decode("utf-8", "replace")
-    after = workspace_lib.fingerprint(self.workspace)
-    limit = limit or _limit_hit(done, stderr)
-    cap_bytes = self.limits.max_workspace_mb << 20
-    if limit is None and workspace_lib.tree_bytes(self.workspace) > cap_bytes:
-      limit = "workspace"
     note = None if limit is None else _limit_note(limit, self.limits)
-    duration = time.monotonic() - start
-    self._record(evidence_lib.EvidenceRecord(
-        call_index=len(self._records), language=language,
-        code_sha256=hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest(),
-        exit_code=done.returncode, duration_s=duration, timed_out=done.timed_out,
-        fingerprint_before=workspace_lib.fingerprint_digest(before),
-        fingerprint_after=workspace_lib.fingerprint_digest(after),
-        changed=workspace_lib.diff(before, after), limit_hit=limit))
     return ExecResult(exit_code=done.returncode, stdout=stdout, stderr=stderr,
                       duration_s=duration, timed_out=done.timed_out, limit_hit=limit,
                       observation=_observation(done.returncode, stdout, stderr, note))
 
+  def _scan(self) -> workspace_lib.Scan:
+    cap = self.limits.max_workspace_mb << 20
+    return workspace_lib.scan(self.workspace, dataclasses.replace(_WALK, max_bytes=2 * cap))
+
+  def _watch(self, staged: Path) -> Callable[[], Optional[str]]:
+    """The in-call disk check: size, entries and depth of the (staged) workspace."""
+    budget = dataclasses.replace(_WALK, max_bytes=self.limits.max_workspace_mb << 20)
+
+    def check() -> Optional[str]:
+      limit = workspace_lib.scan(staged, budget, hash_files=False).limit
+      return "workspace" if limit == "workspace_bytes" else limit
+    return check
+
   def _run(self, language: str, code: str) -> _Completed:
-    with _call_fds(self.workspace) as fds:
+    with _staged(self.workspace, self._stage) as staged, _call_fds(staged) as fds, \
+        _memory_cgroup(self.limits) as group:
       argv = bwrap_argv(workspace_fd=fds.workspace, info_fd=fds.info_w, seccomp_fd=fds.seccomp,
                         limits=self.limits, host_uid=self.host_uid,
                         command=[*_INTERPRETERS[language], code])
       return run_bwrap(argv, fds, wall_s=self.limits.wall_s,
                        max_output_bytes=self.limits.max_output_bytes,
-                       max_memory_bytes=self.limits.memory_mb << 20)
+                       max_memory_bytes=self.limits.memory_mb << 20, memory_cgroup=group,
+                       watch=self._watch(staged))
 
   def _record(self, record: evidence_lib.EvidenceRecord) -> None:
     if self.evidence_path is not None:

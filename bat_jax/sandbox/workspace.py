@@ -7,66 +7,72 @@ write through one.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import stat
 from pathlib import Path, PurePosixPath
-from typing import Iterator, Mapping, Optional
+from typing import Mapping, Optional
 
 from bat_jax import io_utils
+from bat_jax.sandbox import safe_fs
 
-_CHUNK = 1 << 20
 # Domain-separates a symlink's fingerprint from a regular file holding the same bytes.
 _SYMLINK_PREFIX = b"symlink\0"
 
 
-def _walk(root: Path, rel: str = "") -> Iterator[tuple[str, os.DirEntry]]:
-  """Yields (relpath, entry) for every non-directory entry under root, never following links."""
-  with os.scandir(root / rel if rel else root) as it:
-    entries = sorted(it, key=lambda e: e.name)
-  for entry in entries:
-    child = f"{rel}/{entry.name}" if rel else entry.name
-    if entry.is_dir(follow_symlinks=False):
-      yield from _walk(root, child)
-    else:
-      yield child, entry
+@dataclasses.dataclass(frozen=True)
+class Scan:
+  """A bounded look at a workspace: fingerprint, total bytes, and the walk limit hit (if any).
+
+  When `limit` is set the fingerprint is partial: what lies past the budget is invisible to the
+  rubric (it cannot be credited) and the call that made it is recorded with the limit.
+  """
+  fp: dict[str, str]
+  total_bytes: int
+  limit: Optional[str]
 
 
-def _file_sha256(path: str) -> str:
-  # O_NOFOLLOW: a file swapped for a link between scandir and open is refused, not followed.
-  fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-  h = hashlib.sha256()
-  with os.fdopen(fd, "rb") as f:
-    while chunk := f.read(_CHUNK):
-      h.update(chunk)
-  return h.hexdigest()
+def scan(workspace: Path, budget: safe_fs.WalkBudget = safe_fs.WalkBudget(), *,
+         hash_files: bool = True) -> Scan:
+  """Fingerprints (or, hash_files=False, only sizes) workspace within `budget`."""
+  workspace = Path(workspace)
+  if not workspace.is_dir():
+    raise FileNotFoundError(f"workspace {str(workspace)!r} is not a directory")
+  fp: dict[str, str] = {}
+  total = 0
 
+  def visit(entry: safe_fs.Entry) -> int:
+    nonlocal total
+    kind = entry.kind
+    size = entry.st.st_size if kind == "file" else 0
+    total += size
+    if not hash_files:
+      return size
+    if kind == "link":
+      target = os.readlink(entry.name, dir_fd=entry.dir_fd)
+      fp[entry.rel] = hashlib.sha256(_SYMLINK_PREFIX + os.fsencode(target)).hexdigest()
+    elif kind == "file":
+      try:
+        fp[entry.rel], size = safe_fs.file_sha256(entry.dir_fd, entry.name,
+                                                  budget.max_bytes)
+      except (safe_fs.UnsafeFileError, FileNotFoundError):
+        pass  # swapped for a link / special file since lstat: not content
+    return size  # fifo, socket, device: not content the rubric can read
 
-def _entry_sha256(entry: os.DirEntry) -> Optional[str]:
-  """sha256 of a regular file's bytes, or of a symlink's target string; None for others."""
-  if entry.is_symlink():
-    return hashlib.sha256(_SYMLINK_PREFIX + os.fsencode(os.readlink(entry.path))).hexdigest()
-  if entry.is_file(follow_symlinks=False):
-    return _file_sha256(entry.path)
-  return None  # fifo, socket, device: not content the rubric can read
+  limit = safe_fs.walk(workspace, budget, visit)
+  return Scan(dict(sorted(fp.items())), total, limit)
 
 
 def fingerprint(workspace: Path) -> dict[str, str]:
   """{relpath: sha256} of every file (and symlink, by target) under workspace, sorted.
 
   Relpaths use "/" separators. Directories are implied by their files. Symlinks are never
-  followed, so a link to a host file fingerprints the link, not the host file.
+  followed, so a link to a host file fingerprints the link, not the host file. Bounded by the
+  default `safe_fs.WalkBudget` (see `scan` for the limit hit).
   """
-  workspace = Path(workspace)
-  if not workspace.is_dir():
-    raise FileNotFoundError(f"workspace {str(workspace)!r} is not a directory")
-  fp = {}
-  for rel, entry in _walk(workspace):
-    digest = _entry_sha256(entry)
-    if digest is not None:
-      fp[rel] = digest
-  return fp
+  return scan(workspace).fp
 
 
 def fingerprint_digest(fp: Mapping[str, str]) -> str:
@@ -84,31 +90,70 @@ def diff(before: Mapping[str, str], after: Mapping[str, str]) -> dict[str, Optio
 
 
 def tree_bytes(workspace: Path) -> int:
-  """Total size in bytes of the regular files under workspace (links not followed)."""
-  return sum(entry.stat(follow_symlinks=False).st_size for _, entry in _walk(Path(workspace))
-             if entry.is_file(follow_symlinks=False))
+  """Bytes of the regular files under workspace (links not followed; default walk budget)."""
+  return scan(workspace, hash_files=False).total_bytes
 
 
-def claim(workspace: Path, uid: int, gid: int) -> None:
+def claim(workspace: Path, uid: int, gid: int) -> Optional[str]:
   """chowns workspace and everything in it (links themselves, not targets) to uid:gid.
 
   The sandboxed code runs as an unprivileged host uid, so files the harness wrote as root
   must become its own to be writable. The workspace folder itself is made 0755: bwrap enters
-  it with all capabilities dropped, so it must be searchable by others.
+  it with all capabilities dropped, so it must be searchable by others. Bounded like `scan`;
+  returns the walk limit hit, if any.
   """
   workspace = Path(workspace)
-  if workspace.lstat().st_mode & 0o7777 != 0o755:
+  st = workspace.lstat()
+  if st.st_mode & 0o7777 != 0o755:
     os.chmod(workspace, 0o755)
+  if st.st_uid != uid or st.st_gid != gid:
+    os.lchown(workspace, uid, gid)
 
-  def own(path: str, st: os.stat_result) -> None:
-    if st.st_uid != uid or st.st_gid != gid:
-      os.lchown(path, uid, gid)
+  def own(entry: safe_fs.Entry) -> int:
+    if entry.st.st_uid != uid or entry.st.st_gid != gid:
+      os.chown(entry.name, uid, gid, dir_fd=entry.dir_fd, follow_symlinks=False)
+    return 0
 
-  own(str(workspace), workspace.lstat())
-  for dirpath, dirnames, filenames in os.walk(workspace, followlinks=False):
-    for name in dirnames + filenames:
-      path = os.path.join(dirpath, name)
-      own(path, os.lstat(path))
+  return safe_fs.walk(workspace, safe_fs.WalkBudget(), own, own)
+
+
+def prune_to(workspace: Path, keep: Mapping[str, str]) -> None:
+  """Removes every entry under workspace that is not in `keep` with the same fingerprint.
+
+  Used to undo a call that broke the workspace caps: what it added or changed goes, what was
+  there before stays. Iterative; folders holding nothing to keep are removed whole.
+  """
+  workspace = Path(workspace)
+  keep_dirs = {rel.rsplit("/", i)[0] for rel in keep for i in range(1, rel.count("/") + 1)}
+  doomed: list[str] = []
+
+  def visit(entry: safe_fs.Entry) -> int:
+    digest = keep.get(entry.rel)
+    if digest is None or entry.kind not in ("file", "link"):
+      doomed.append(entry.rel)
+    elif entry.kind == "link":
+      target = os.readlink(entry.name, dir_fd=entry.dir_fd)
+      if hashlib.sha256(_SYMLINK_PREFIX + os.fsencode(target)).hexdigest() != digest:
+        doomed.append(entry.rel)
+    else:
+      try:
+        ok = safe_fs.file_sha256(entry.dir_fd, entry.name, 1 << 40)[0] == digest
+      except OSError:
+        ok = False
+      if not ok:
+        doomed.append(entry.rel)
+    return 0
+
+  def visit_dir(entry: safe_fs.Entry) -> bool:
+    if entry.rel in keep_dirs:
+      return True
+    doomed.append(entry.rel)
+    return False  # a whole new folder: removed below without walking into it
+
+  safe_fs.walk(workspace, safe_fs.WalkBudget(max_depth=64, max_entries=1 << 62,
+                                             max_bytes=1 << 62), visit, visit_dir)
+  for rel in doomed:
+    safe_fs.remove_tree(workspace / rel)
 
 
 def _checked_relpath(rel: str) -> PurePosixPath:
