@@ -18,10 +18,12 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 
 from bat_jax import workflow
+from bat_jax.sandbox import safe_fs
 from bat_jax.sandbox import workspace as sandbox_workspace
 from bat_jax.taskkit import metrics
 from bat_jax.taskkit.base import TaskInstance
@@ -29,6 +31,8 @@ from bat_jax.taskkit.scripts import checks, submission
 
 A = workflow.ARTIFACTS
 MIN_PLAN_CHARS = 200
+# The largest workspace file the rubric reads (JSON / CSV / text artifacts are far smaller).
+MAX_READ_BYTES = 32 << 20
 
 
 class EvidenceLike(Protocol):
@@ -82,17 +86,28 @@ class Workspace:
     return any(rec.exit_code == 0 and any(_norm(rel).split("/", 1)[0] in dirs
                                           for rel in rec.changed) for rec in self.records)
 
+  def data(self, rel: str) -> Optional[bytes]:
+    """Bytes of a fingerprinted regular file, read without following any link, refusing
+    special files and anything over MAX_READ_BYTES, and only if they still match the
+    fingerprint (None otherwise)."""
+    digest = self.sha256(rel)
+    if digest is None:
+      return None
+    try:
+      data = safe_fs.read_bytes(self.root, _norm(rel), MAX_READ_BYTES)
+    except (OSError, ValueError):  # link, FIFO, device, folder, too big, missing
+      return None
+    return data if hashlib.sha256(data).hexdigest() == digest else None
+
   def text(self, rel: str, *, produced: bool = True) -> Optional[str]:
     """Content of a regular file (None if missing, a link, binary, or -- unless
     produced=False -- not produced by an executed call)."""
-    path = self.root / _norm(rel)
-    # A link (or a linked folder on the way) could point at a host file: never read through it.
-    if (produced and not self.produced(rel)) or self.sha256(rel) is None \
-        or path.resolve() != self.root.resolve() / _norm(rel):
+    if produced and not self.produced(rel):
       return None
+    data = self.data(rel)
     try:
-      return path.read_text(encoding="utf-8")
-    except (UnicodeDecodeError, OSError):
+      return None if data is None else data.decode("utf-8")
+    except UnicodeDecodeError:
       return None
 
   def json(self, rel: str) -> Any:
@@ -264,15 +279,28 @@ def _s4(inst: TaskInstance, ws: Workspace) -> dict[str, bool]:
                             and all(checks.prediction_ok(v, schema) for v in preds.values()),
       "outputs_persisted": _names(receipt, A["predictions"]),
       "coverage_checked": _names(receipt, A["predictions"]) and rchecks.get("missing") == []
-                          and rchecks.get("predicted") == n and len(preds) == n,
+                          and rchecks.get("predicted") == n and len(preds) == n
+                          and set(preds) == set(hidden["case_ids"]),
   }
 
 
 def _read_submission(inst: TaskInstance, ws: Workspace) -> Optional[dict]:
-  try:
-    return submission.read_submission(inst.spec["submission"], str(ws.root))
-  except (ValueError, OSError, KeyError, IndexError, TypeError):
+  """The submission read back in its native format, or None.
+
+  The task's reader runs on a private copy made through `Workspace.data`, so it never opens an
+  agent-made path itself: a link, FIFO or oversized file under the submission makes it None.
+  """
+  spec = inst.spec["submission"]
+  rels = ws.files_under(spec["path"]) or ([spec["path"]] if ws.sha256(spec["path"]) else [])
+  copy = {rel: ws.data(rel) for rel in rels}
+  if not copy or any(v is None for v in copy.values()):
     return None
+  with tempfile.TemporaryDirectory(prefix="bat-rubric-") as tmp:
+    try:
+      sandbox_workspace.materialize(copy, Path(tmp))
+      return submission.read_submission(spec, tmp)
+    except (ValueError, OSError, KeyError, IndexError, TypeError):
+      return None
 
 
 def _s5(inst: TaskInstance, ws: Workspace) -> dict[str, bool]:
@@ -295,8 +323,11 @@ def _s5(inst: TaskInstance, ws: Workspace) -> dict[str, bool]:
       "submission_native_schema": executed
                                   and all(checks.prediction_ok(v, schema) for v in sub.values()),
       "submission_complete": executed and set(sub) == set(hidden["case_ids"]),
+      # The receipt's claims must be true of the submission, not merely present.
       "submission_validated": handed_off and rchecks.get("schema_ok") is True
-                              and rchecks.get("missing") == [],
+                              and rchecks.get("missing") == [] and sub is not None
+                              and all(checks.prediction_ok(v, schema) for v in sub.values())
+                              and not set(hidden["case_ids"]) - set(sub),
       "handed_off": handed_off,
   }
 

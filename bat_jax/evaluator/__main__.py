@@ -20,6 +20,7 @@ from bat_jax.evaluator.agents import BUILTIN_AGENTS
 from bat_jax.evaluator.evaluate import EvalSettings, evaluate, stage_table
 from bat_jax.evaluator.firewall import export_report
 from bat_jax.evaluator.generators import TIERS
+from bat_jax.evaluator.report import coverage_line
 from bat_jax.evaluator.runner import RunOptions
 
 REPORT_NAME = "report.json"
@@ -73,6 +74,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if args.markers is not None:
     markers_export.write_export(markers_export.export_cells(settings.cells()), args.markers)
   print(stage_table(report))
+  print(coverage_line(report))
   print(f"report: {path}")
   return 0
 

@@ -23,7 +23,7 @@ skipping); the raw rubric items keep their nulls in the record.
 from __future__ import annotations
 
 import dataclasses
-import shutil
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -33,10 +33,19 @@ from bat_jax import rubric, workflow
 from bat_jax.evaluator.agents import AgentFactory
 from bat_jax.evaluator.cells import Cell, EpisodeLimits
 from bat_jax.evaluator.firewall import INVALID_REASONS
-from bat_jax.sandbox import SandboxLimits, SandboxUnavailableError
+from bat_jax.sandbox import SandboxLimits, SandboxUnavailableError, safe_fs
 from bat_jax.taskkit import materialize_at
 
 STOP_REASONS: tuple[str, ...] = ("agent_stop", "turn_limit", "tool_call_limit")
+
+
+def remove_quietly(path: Path) -> None:
+  """Removes a cell's folder whatever the agent left in it (deep trees, long or odd names,
+  folders without permissions); a failure is reported on stderr, never raised."""
+  try:
+    safe_fs.remove_tree(path)
+  except OSError as e:
+    print(f"evaluator: could not remove {str(path)!r}: {e}", file=sys.stderr)
 
 
 class _Invalid(Exception):
@@ -159,7 +168,7 @@ def run_cell(cell: Cell, factory: AgentFactory, work_dir: Path, *,
     return invalid_record(cell, e.reason, str(e), time.monotonic() - start)
   finally:
     if not keep_workspace:
-      shutil.rmtree(work_dir, ignore_errors=True)
+      remove_quietly(work_dir)
   return {"cell": dataclasses.asdict(cell), "task_id": instance.task_id, "valid": True,
           "invalid_reason": None, **counters, **_scores(result),
           "duration_s": round(time.monotonic() - start, 3)}

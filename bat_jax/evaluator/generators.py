@@ -11,7 +11,7 @@ is the evaluator's own and never appears in the training side's `bat_jax.tasks`:
   fault subjects differ;
 * native submission layouts: file and folder names, id / value column names;
 * wording: VQA questions and answers, report templates and impressions, objectives, briefs;
-* task ids (`ho-...`).
+* task ids (`task-...`, the same opaque form as training ids).
 
 Tiers: `lite` (the brief lists every stage's artifact paths and the spec carries the artifact
 map) and `standard` (the brief only states the objective and points at the spec; the spec
@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping
 from bat_jax import workflow
 from bat_jax.taskkit import FAMILY_TYPES, CaseData, NamePool, SampleContext, TaskInstance
 from bat_jax.taskkit import TrackFamily
+from bat_jax.taskkit.base import opaque_task_id
 
 TIERS: tuple[str, ...] = ("lite", "standard")
 GENERATOR_VERSION = "heldout-v1"
@@ -207,7 +208,7 @@ def generate(track: str, seed: int, outcome: str, tier: str) -> TaskInstance:
     raise ValueError(f"unknown evaluator tier {tier!r}; expected one of {TIERS}")
   base = HELDOUT_FAMILIES[track].generate(seed, outcome)
   digest = hashlib.sha256(f"{HELDOUT_NAMES.salt}|{track}|{outcome}|{seed}".encode()).hexdigest()
-  task_id = f"ho-{digest[:14]}"
+  task_id = opaque_task_id(HELDOUT_NAMES.salt, "heldout", track, outcome, seed)
   spec = dict(base.spec, task_id=task_id)
   if tier == "standard":
     for key in STANDARD_WITHHELD:

@@ -1,8 +1,12 @@
 """Aggregation: evaluator-side cell records -> the aggregate report (the only export).
 
-Invalid cells never enter a score; they are counted under `validity` and
-`failure_categories`. A score with no valid cell behind it is null. Scores are means over valid
-cells of the per-cell values (`episode._scores`: a stage without evidence is 0 in an
+Invalid cells score 0. An agent can make its own cells invalid (crash its worker, run a cell
+past its budget), so leaving them out would let it drop the cells it would fail and lift the
+aggregate; scoring them 0 makes the aggregate a lower bound that invalidity can only lower.
+They are also counted under `validity` (valid coverage = valid_cells / cells) and
+`failure_categories`, and `require_complete` refuses any report with one, so a gate never
+decides on partial coverage. A score with no valid cell behind it at all is null. Scores are
+means over cells of the per-cell values (`episode._scores`: a stage without evidence is 0 in an
 end-to-end cell).
 """
 
@@ -21,12 +25,18 @@ def _mean(values: Sequence[float]) -> Optional[float]:
   return sum(values) / len(values) if values else None
 
 
-def _scores(valid: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _scores(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+  """Means over all records, an invalid one counting 0; null when none is valid."""
+  if not any(r["valid"] for r in records):
+    return {"stage_scores": {s: None for s in workflow.STAGES}, "task": None, "agentic": None,
+            "overall": None}
+  value = lambda r, get: get(r) if r["valid"] else 0.0
+  mean = lambda get: _mean([value(r, get) for r in records])
   return {
-      "stage_scores": {s: _mean([r["stage_scores"][s] for r in valid]) for s in workflow.STAGES},
-      "task": _mean([r["task_score"] for r in valid]),
-      "agentic": _mean([r["agentic"] for r in valid]),
-      "overall": _mean([r["overall"] for r in valid]),
+      "stage_scores": {s: mean(lambda r: r["stage_scores"][s]) for s in workflow.STAGES},
+      "task": mean(lambda r: r["task_score"]),
+      "agentic": mean(lambda r: r["agentic"]),
+      "overall": mean(lambda r: r["overall"]),
   }
 
 
@@ -50,13 +60,13 @@ def aggregate(records: Sequence[Mapping[str, Any]], *, tier: str, protocol_diges
               cell_set_digest: str) -> dict[str, Any]:
   """The aggregate report of a run (checked by the firewall before it is returned)."""
   valid = [r for r in records if r["valid"]]
-  overall = _scores(valid)
+  overall = _scores(records)
   tracks: dict[str, Any] = {}
   for track in workflow.TRACKS:
     mine = [r for r in records if r["cell"]["track"] == track]
     if not mine:
       continue
-    scores = _scores([r for r in mine if r["valid"]])
+    scores = _scores(mine)
     tracks[track] = {**scores, "cells": len(mine), "valid": sum(r["valid"] for r in mine)}
   categories = collections.Counter(c for r in records for c in failure_categories(r))
   report = {
@@ -77,6 +87,17 @@ def aggregate(records: Sequence[Mapping[str, Any]], *, tier: str, protocol_diges
   }
   check_report(report)
   return report
+
+
+def coverage_line(report: Mapping[str, Any]) -> str:
+  """One line saying how many cells were valid and how invalid ones were counted."""
+  v = report["validity"]
+  cells = v["valid_cells"] + v["invalid_cells"]
+  line = f"valid coverage: {v['valid_cells']}/{cells} cells"
+  if v["invalid_cells"]:
+    line += (f"; {v['invalid_cells']} invalid cell(s) scored 0 (a lower bound; a gate refuses "
+             "this report)")
+  return line
 
 
 def require_complete(report: Mapping[str, Any], source: str = "evaluator") -> None:

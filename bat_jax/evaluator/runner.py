@@ -7,7 +7,8 @@ replaces a worker that died or overran: that cell is recorded as invalid (`crash
 
 Layout of `records_dir` (evaluator side only; never exported):
   cells/<cell key>.json   one record per cell (`episode.run_cell`)
-  work/<cell key>/        the cell's workspace while it runs (removed afterwards)
+  work/<opaque id>/       the cell's workspace while it runs (removed afterwards); the id is a
+                          keyed hash of the cell, so the folder names neither outcome nor seed
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import os
+import hashlib
 import pickle
-import shutil
+import secrets
 import signal
 import time
 from pathlib import Path
@@ -65,10 +67,15 @@ class _Job:
   limits: EpisodeLimits
   sandbox_limits: SandboxLimits
   keep_workspaces: bool
+  work_key: str  # per run, random: keys the opaque work-folder names
+
+  def work_dir(self, cell: Cell) -> Path:
+    name = hashlib.sha256(f"{self.work_key}|{cell.key}".encode()).hexdigest()[:16]
+    return Path(self.records_dir) / "work" / name
 
   def run(self, cell: Cell) -> dict[str, Any]:
-    work = Path(self.records_dir) / "work" / cell.key
-    shutil.rmtree(work, ignore_errors=True)  # a crashed earlier attempt
+    work = self.work_dir(cell)
+    episode.remove_quietly(work)  # a crashed earlier attempt
     return episode.run_cell(cell, self.factory, work, limits=self.limits,
                             sandbox_limits=self.sandbox_limits,
                             keep_workspace=self.keep_workspaces)
@@ -149,7 +156,7 @@ def _parallel(cells: Sequence[Cell], job: _Job, options: RunOptions,
           w.cell = None
         else:  # dead or overrunning: kill it (and its sandboxes), start a fresh one if needed
           w.kill()
-          shutil.rmtree(Path(job.records_dir) / "work" / w.cell.key, ignore_errors=True)
+          episode.remove_quietly(job.work_dir(w.cell))
           workers[i] = _spawn(job) if pending else None
         finish(record)
       workers = [w for w in workers if w is not None]
@@ -175,7 +182,9 @@ def run_cells(cells: Sequence[Cell], factory: AgentFactory, records_dir: Path, *
     raise ValueError("run_cells: duplicate cells")
   records_dir = Path(records_dir)
   (records_dir / "cells").mkdir(parents=True, exist_ok=True)
-  job = _Job(factory, str(records_dir), limits, sandbox_limits, options.keep_workspaces)
+  episode.remove_quietly(records_dir / "work")  # workspaces left by a killed earlier run
+  job = _Job(factory, str(records_dir), limits, sandbox_limits, options.keep_workspaces,
+             secrets.token_hex(16))
   done: dict[str, dict[str, Any]] = {}
 
   def finish(record: dict[str, Any]) -> None:

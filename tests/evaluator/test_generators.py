@@ -1,6 +1,7 @@
 """Held-out generators: own names and values, tiers, contract kept, nothing shared with training."""
 
 import json
+import re
 
 import pytest
 
@@ -18,7 +19,7 @@ def test_generate_is_deterministic_and_keeps_the_contract(track, outcome):
   a = generators.generate(track, 5, outcome, "lite")
   assert a == generators.generate(track, 5, outcome, "lite")
   spec = a.spec
-  assert a.task_id.startswith("ho-") and spec["task_id"] == a.task_id
+  assert re.fullmatch(r"task-[0-9a-f]{14}", a.task_id) and spec["task_id"] == a.task_id
   assert spec["track"] == track and spec["data"]["index"] in a.files
   assert a.hidden["fault"] in (workflow.FAULTS[outcome] or (None,))
   assert spec["submission"]["path"].startswith(workflow.ARTIFACTS["submission_dir"] + "/")
