@@ -11,6 +11,8 @@ field, `config.<path>: <what is wrong>`.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any, Callable, Iterable
 
 from ml_collections import ConfigDict
@@ -215,7 +217,12 @@ def _check_rollout(ck: _Checker) -> None:
 
 
 def _check_services(ck: _Checker) -> None:
-  ck.builds("sandbox", SandboxLimits)
+  errors = len(ck.errors)
+  for f in dataclasses.fields(SandboxLimits):  # name the field: nan / inf / <= 0 are refused
+    ck.that(f"sandbox.{f.name}", lambda v: isinstance(v, (int, float)) and math.isfinite(v)
+            and v > 0, "a finite number > 0")
+  if len(ck.errors) == errors:
+    ck.builds("sandbox", SandboxLimits)
   ck.one_of("stagebank.mode", STAGEBANK_MODES)
   ck.positive("stagebank.n_batches", "stagebank.request_timeout_s")
   if ck.get("stagebank.mode") == "connect" and not ck.get("stagebank.dir"):

@@ -554,7 +554,8 @@ class Sandbox:
     start = time.monotonic()
     before = after = {}
     done = _Completed(-1, b"", b"", False, False)
-    limit: Optional[str] = "harness_error"  # what the record says if anything below raises
+    limit: Optional[str] = None
+    finished = False
     try:
       if self.host_uid is not None:
         workspace_lib.claim(self.workspace, self.host_uid, self.host_uid)
@@ -564,13 +565,14 @@ class Sandbox:
       stderr = done.stderr.decode("utf-8", "replace")
       limit = limit or _limit_hit(done, stderr)
       found = self._scan()
-      limit = limit or found.limit
-      if limit is None and found.total_bytes > self.limits.max_workspace_mb << 20:
-        limit = "workspace"
-      if limit in _DISK_LIMITS:  # over a cap: what the call added or changed goes
+      over = found.limit or ("workspace" if found.total_bytes > self.limits.max_workspace_mb
+                             << 20 else None)
+      if over is not None or limit in _DISK_LIMITS:  # over a cap: what the call did goes
+        limit = limit if limit in _DISK_LIMITS else over
         workspace_lib.prune_to(self.workspace, before)
         found = self._scan()
       after = found.fp
+      finished = True
     finally:
       duration = time.monotonic() - start
       self._record(evidence_lib.EvidenceRecord(
@@ -579,7 +581,8 @@ class Sandbox:
           exit_code=done.returncode, duration_s=duration, timed_out=done.timed_out,
           fingerprint_before=workspace_lib.fingerprint_digest(before),
           fingerprint_after=workspace_lib.fingerprint_digest(after),
-          changed=workspace_lib.diff(before, after), limit_hit=limit))
+          changed=workspace_lib.diff(before, after),
+          limit_hit=limit if finished else "harness_error"))
     stdout = done.stdout.decode("utf-8", "replace")
     note = None if limit is None else _limit_note(limit, self.limits)
     return ExecResult(exit_code=done.returncode, stdout=stdout, stderr=stderr,

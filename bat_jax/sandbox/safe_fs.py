@@ -188,10 +188,11 @@ def walk(root: PathLike, budget: WalkBudget = WalkBudget(),
 
   `visit(entry)` is called for each non-folder entry and returns the bytes it consumed (counted
   against budget.max_bytes); `visit_dir` for each folder before it is entered (returning False
-  skips it). Returns None, or
-  the limit that stopped the walk: "workspace_depth", "workspace_entries", "workspace_bytes".
+  skips it). Returns None or the limit hit: "workspace_entries" or "workspace_bytes" (the walk
+  stopped there) or "workspace_depth" (folders that deep were not entered; the rest was walked).
   """
   entries = used = 0
+  too_deep = False
   stack: list[tuple[int, str, Iterator[str]]] = []
   try:
     top = open_dir(root)
@@ -216,7 +217,8 @@ def walk(root: PathLike, budget: WalkBudget = WalkBudget(),
           return "workspace_bytes"
         continue
       if len(stack) >= budget.max_depth:
-        return "workspace_depth"
+        too_deep = True  # not entered; the rest of the walk goes on
+        continue
       if visit_dir is not None and visit_dir(entry) is False:
         continue
       try:
@@ -226,7 +228,7 @@ def walk(root: PathLike, budget: WalkBudget = WalkBudget(),
           continue  # vanished / swapped for a link / unreadable: not walked, never followed
         raise
       stack.append((sub, f"{entry.rel}/", iter(_sorted_names(sub))))
-    return None
+    return "workspace_depth" if too_deep else None
   finally:
     for fd, _, _ in stack:
       os.close(fd)
