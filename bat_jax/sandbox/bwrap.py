@@ -165,7 +165,7 @@ class _CallFds:
 
 
 @contextlib.contextmanager
-def _call_fds(workspace: Path) -> Iterator[_CallFds]:
+def _call_fds(workspace: Path, no_sysv_shm: bool = False) -> Iterator[_CallFds]:
   """Opens the fds of one call and closes whichever are still open at exit."""
   fds = _CallFds(-1, -1, -1, -1)
   try:
@@ -173,7 +173,7 @@ def _call_fds(workspace: Path) -> Iterator[_CallFds]:
     fds.info_r, fds.info_w = os.pipe()
     fds.seccomp, seccomp_w = os.pipe()
     try:  # a few hundred bytes: fits the pipe buffer, so this never blocks
-      os.write(seccomp_w, seccomp.no_userns_filter())
+      os.write(seccomp_w, seccomp.no_userns_filter(no_sysv_shm=no_sysv_shm))
     finally:
       os.close(seccomp_w)
     yield fds
@@ -565,8 +565,8 @@ class Sandbox:
       stderr = done.stderr.decode("utf-8", "replace")
       limit = limit or _limit_hit(done, stderr)
       found = self._scan()
-      over = found.limit or ("workspace" if found.total_bytes > self.limits.max_workspace_mb
-                             << 20 else None)
+      over = "workspace" if found.limit == "workspace_bytes" or \
+          found.total_bytes > self.limits.max_workspace_mb << 20 else found.limit
       if over is not None or limit in _DISK_LIMITS:  # over a cap: what the call did goes
         limit = limit if limit in _DISK_LIMITS else over
         workspace_lib.prune_to(self.workspace, before)
@@ -603,8 +603,8 @@ class Sandbox:
     return check
 
   def _run(self, language: str, code: str) -> _Completed:
-    with _staged(self.workspace, self._stage) as staged, _call_fds(staged) as fds, \
-        _memory_cgroup(self.limits) as group:
+    with _memory_cgroup(self.limits) as group, _staged(self.workspace, self._stage) as staged, \
+        _call_fds(staged, no_sysv_shm=group is None) as fds:
       argv = bwrap_argv(workspace_fd=fds.workspace, info_fd=fds.info_w, seccomp_fd=fds.seccomp,
                         limits=self.limits, host_uid=self.host_uid,
                         command=[*_INTERPRETERS[language], code])

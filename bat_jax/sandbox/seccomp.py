@@ -26,10 +26,10 @@ _NR, _ARCH, _ARG0_LOW = 0, 4, 16
 CLONE_NEWUSER = 0x10000000
 _X32_SYSCALL_BIT = 0x40000000
 
-# machine -> (AUDIT_ARCH, unshare, clone, clone3)
+# machine -> (AUDIT_ARCH, unshare, clone, clone3, shmget)
 _SYSCALLS = {
-    "x86_64": (0xC000003E, 272, 56, 435),
-    "aarch64": (0xC00000B7, 97, 220, 435),
+    "x86_64": (0xC000003E, 272, 56, 435, 29),
+    "aarch64": (0xC00000B7, 97, 220, 435, 194),
 }
 
 
@@ -37,8 +37,11 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
   return struct.pack("<HBBI", code, jt, jf, k)
 
 
-def no_userns_filter(machine: Optional[str] = None) -> bytes:
+def no_userns_filter(machine: Optional[str] = None, *, no_sysv_shm: bool = False) -> bytes:
   """The BPF program (bytes of struct sock_filter[]) for `machine` (default: this host's).
+
+  no_sysv_shm also refuses `shmget` (EPERM): System V segments outlive every mapping of them,
+  so where no memory cgroup charges them the harness could not count them.
 
   Raises:
     ValueError: naming the machine when it has no syscall table here.
@@ -47,7 +50,9 @@ def no_userns_filter(machine: Optional[str] = None) -> bytes:
   if machine not in _SYSCALLS:
     raise ValueError(f"no seccomp syscall table for machine {machine!r}; "
                      f"known: {sorted(_SYSCALLS)}")
-  arch, nr_unshare, nr_clone, nr_clone3 = _SYSCALLS[machine]
+  arch, nr_unshare, nr_clone, nr_clone3, nr_shmget = _SYSCALLS[machine]
+  # With no_sysv_shm the shmget test replaces a never-matching one, so offsets stay fixed.
+  shm = nr_shmget if no_sysv_shm else 0xFFFFFFFF
   eperm, enosys = _RET_ERRNO | errno.EPERM, _RET_ERRNO | errno.ENOSYS
   # Jump offsets count instructions to skip after the current one.
   prog = [
@@ -57,14 +62,16 @@ def no_userns_filter(machine: Optional[str] = None) -> bytes:
       _insn(_LD_W_ABS, _NR),                            # 3
       _insn(_JGE_K, _X32_SYSCALL_BIT, jt=0, jf=1),      # 4: x32 ABI numbers -> refuse
       _insn(_RET_K, enosys),                            # 5
-      _insn(_JEQ_K, nr_unshare, jt=4, jf=0),            # 6: -> 11
-      _insn(_JEQ_K, nr_clone, jt=3, jf=0),              # 7: -> 11
-      _insn(_JEQ_K, nr_clone3, jt=0, jf=1),             # 8: -> 9 | 10
-      _insn(_RET_K, enosys),                            # 9
-      _insn(_RET_K, _RET_ALLOW),                        # 10
-      _insn(_LD_W_ABS, _ARG0_LOW),                      # 11: flags (low 32 bits)
-      _insn(_JSET_K, CLONE_NEWUSER, jt=0, jf=1),        # 12
-      _insn(_RET_K, eperm),                             # 13
-      _insn(_RET_K, _RET_ALLOW),                        # 14
+      _insn(_JEQ_K, nr_unshare, jt=6, jf=0),            # 6: -> 13
+      _insn(_JEQ_K, nr_clone, jt=5, jf=0),              # 7: -> 13
+      _insn(_JEQ_K, shm, jt=0, jf=1),                   # 8: -> 9 | 10
+      _insn(_RET_K, eperm),                             # 9
+      _insn(_JEQ_K, nr_clone3, jt=0, jf=1),             # 10: -> 11 | 12
+      _insn(_RET_K, enosys),                            # 11
+      _insn(_RET_K, _RET_ALLOW),                        # 12
+      _insn(_LD_W_ABS, _ARG0_LOW),                      # 13: flags (low 32 bits)
+      _insn(_JSET_K, CLONE_NEWUSER, jt=0, jf=1),        # 14
+      _insn(_RET_K, eperm),                             # 15
+      _insn(_RET_K, _RET_ALLOW),                        # 16
   ]
   return b"".join(prog)
