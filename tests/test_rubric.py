@@ -1,7 +1,9 @@
 """Stage rubrics: only executed work earns credit; nulls are not zeros; skipping costs."""
 
 import json
+import os
 import shutil
+import threading
 
 import pytest
 
@@ -160,3 +162,99 @@ def test_unknown_focus_is_named(tmp_path):
   inst = FAMILIES["vqa"].generate(0, "success")
   with pytest.raises(ValueError, match="S6"):
     rubric.score(inst, "S6", tmp_path, [])
+
+
+# -- adversarial: links, special files and receipts that lie ------------------------------------
+
+def _clone(finished, tmp_path):
+  """A copy of the expert's finished workspace with its evidence log, for one more agent call."""
+  inst, done = finished
+  shutil.copytree(done.workspace, tmp_path / "ws")
+  shutil.copy(done.evidence_path, tmp_path / "ev.jsonl")
+  return inst, Sandbox(tmp_path / "ws", LIMITS, evidence_path=tmp_path / "ev.jsonl")
+
+
+def _score_bounded(inst, sandbox, seconds=30.0):
+  out = {}
+  t = threading.Thread(target=lambda: out.update(r=rubric.score(
+      inst, workflow.E2E, sandbox.workspace, sandbox.evidence)), daemon=True)
+  t.start()
+  t.join(seconds)
+  assert not t.is_alive(), f"scoring blocked for more than {seconds} s"
+  return out["r"]
+
+
+_RECEIPT_FOR_LINKS = """
+import hashlib, json, os
+files = {}
+for d, dirs, names in os.walk('submission'):
+  for n in dirs + names:
+    p = os.path.join(d, n)
+    if os.path.islink(p):
+      files[p] = hashlib.sha256(b'symlink\\0' + os.fsencode(os.readlink(p))).hexdigest()
+    elif os.path.isfile(p) and n != 'receipt.json':
+      files[p] = hashlib.sha256(open(p, 'rb').read()).hexdigest()
+json.dump({'stage': 'S5', 'files': files, 'checks': {'schema_ok': True, 'missing': []}},
+          open('submission/receipt.json', 'w'))
+"""
+
+_LINK_ATTACKS = {
+    # the whole submission folder -> a host folder holding the right answers
+    "abs_dir_link": "import os, shutil\nshutil.rmtree('submission/labels')\n"
+                    "os.symlink('{host}', 'submission/labels')\n",
+    # each file -> its host copy, relative and dangling inside the sandbox
+    "relative_file_links": "import os\nfor n in os.listdir('submission/labels'):\n"
+                           "  os.remove('submission/labels/' + n)\n"
+                           "  os.symlink('{rel}/' + n, 'submission/labels/' + n)\n",
+    "dev_zero": "import os\nn = sorted(os.listdir('submission/labels'))[0]\n"
+                "os.remove('submission/labels/' + n)\nos.symlink('/dev/zero', 'submission/labels/' + n)\n",
+    "fifo": "import os\nn = sorted(os.listdir('submission/labels'))[0]\n"
+            "os.remove('submission/labels/' + n)\nos.mkfifo('submission/labels/' + n)\n",
+}
+
+
+@pytest.mark.parametrize("attack", sorted(_LINK_ATTACKS))
+def test_planted_links_and_special_files_score_nothing(finished, tmp_path, attack):
+  inst, sandbox = _clone(finished, tmp_path)
+  host = tmp_path / "host_answers"
+  shutil.copytree(sandbox.workspace / "submission" / "labels", host)
+  rel = os.path.relpath(host, sandbox.workspace / "submission" / "labels")
+  code = _LINK_ATTACKS[attack].format(host=host, rel=rel) + _RECEIPT_FOR_LINKS
+  assert sandbox.execute("python", code).exit_code == 0
+  res = _score_bounded(inst, sandbox)
+  assert res.task_score < 1.0 and res.stage_items["S5"]["submission_complete"] is False
+  if attack != "fifo":
+    assert res.task_score == 0.0 and res.stage_items["S5"]["submission_native_schema"] is False
+    assert res.reward < 0.9
+
+
+def test_plan_linked_to_a_host_file_earns_nothing(finished, tmp_path):
+  inst, sandbox = _clone(finished, tmp_path)
+  (tmp_path / "plan.md").write_text((sandbox.workspace / A["plan"]).read_text())
+  code = f"import os\nos.remove({A['plan']!r})\nos.symlink({str(tmp_path / 'plan.md')!r}, {A['plan']!r})"
+  assert sandbox.execute("python", code).exit_code == 0
+  res = _score_bounded(inst, sandbox)
+  assert res.stage_items["S1"]["plan_written"] is False
+
+
+def test_receipt_claims_are_recomputed_not_believed(finished, tmp_path):
+  inst, sandbox = _clone(finished, tmp_path)
+  # Drop two cases from the submission and claim in the receipt that nothing is missing.
+  code = ("import os\nnames = sorted(os.listdir('submission/labels'))\n"
+          "for n in names[:2]: os.remove('submission/labels/' + n)\n") + _RECEIPT_FOR_LINKS
+  assert sandbox.execute("python", code).exit_code == 0
+  res = _score_bounded(inst, sandbox)
+  assert res.stage_items["S5"]["handed_off"] is True  # the receipt itself is well formed
+  assert res.stage_items["S5"]["submission_validated"] is False
+  # Predictions for the wrong cases, with a receipt claiming full coverage.
+  n = len(inst.hidden["case_ids"])
+  code = ("import hashlib, json\nrows = [json.loads(l) for l in open('outputs/predictions.jsonl')]\n"
+          "rows[0]['case_id'] = 'not_a_case'\n"
+          "open('outputs/predictions.jsonl', 'w').write(''.join(json.dumps(r) + '\\n' for r in rows))\n"
+          "d = hashlib.sha256(open('outputs/predictions.jsonl', 'rb').read()).hexdigest()\n"
+          f"json.dump({{'stage': 'S4', 'files': {{'outputs/predictions.jsonl': d}}, 'checks': "
+          f"{{'missing': [], 'predicted': {n}}}}}, open('outputs/receipt.json', 'w'))\n")
+  assert sandbox.execute("python", code).exit_code == 0
+  res = _score_bounded(inst, sandbox)
+  assert res.stage_items["S4"]["outputs_persisted"] is True
+  assert res.stage_items["S4"]["coverage_checked"] is False
