@@ -5,16 +5,24 @@ read-only /usr and /etc, private /proc, /dev, /tmp and /dev/shm (size-capped tmp
 task workspace bound read-write at /workspace (the cwd). The environment is cleared.
 
 Limits. RLIMIT_AS (memory per process), RLIMIT_CPU, RLIMIT_FSIZE and RLIMIT_NPROC are set by
-`prlimit` inside the sandbox just before the interpreter starts; the harness also polls the
-private memory of the call's whole process tree, so N processes cannot hold N x memory_mb.
-RLIMIT_NPROC never binds host uid 0 (the kernel exempts the root user, also through a user
-namespace that maps to it), so when the harness runs as root the code runs as a random
-unprivileged host uid (`setpriv`, all capabilities dropped), and the workspace is chowned to it.
-Run as a normal user, bwrap makes an unprivileged user namespace instead, and the limits bind
-that user. Wall time, output size and the tree's memory are enforced from the host: at any of
-them the sandbox's PID 1 is SIGKILLed, which kills
-every process of its pid namespace, background ones included. A normal exit of the main
-process ends PID 1 too, so nothing the code started outlives the call.
+`prlimit` inside the sandbox just before the interpreter starts. The call's memory as a whole
+(anonymous, shared mappings, memfd, SysV / POSIX shm, its /tmp and /dev/shm tmpfs) is charged to
+a per-call memory cgroup when the host allows one (`cgroup.py`); otherwise it is polled
+(`monitor.py`) and SysV shm, which nothing could count, is refused. The workspace's size, entry
+count and depth are watched during the call and checked after it; over a cap, the sandbox is
+killed and whatever the call added or changed is removed (`workspace.prune_to`), so nothing over
+a cap stays or is credited. RLIMIT_NPROC never binds host uid 0 (the kernel exempts the root
+user, also through a user namespace that maps to it), so when the harness runs as root the code
+runs as a random unprivileged host uid (`setpriv`, all capabilities dropped), and the workspace
+is chowned to it. Run as a normal user, bwrap makes an unprivileged user namespace instead.
+Wall time, output size and the tree's memory are enforced from the host: at any of them the
+sandbox's PID 1 is SIGKILLed, which kills every process of its pid namespace. A normal exit of
+the main process ends PID 1 too, so nothing the code started outlives the call.
+
+Host side. Every call writes an evidence record, also when the harness fails mid-call
+(`limit_hit="harness_error"`, then the error propagates). The workspace is walked only through
+`safe_fs` (no links followed, bounded budgets), and during a call it is renamed into a private,
+randomly named folder, so /proc/self/mountinfo inside shows no host path.
 """
 
 from __future__ import annotations
@@ -23,15 +31,11 @@ import dataclasses
 import functools
 import contextlib
 import hashlib
-import json
 import math
 import os
 import secrets
-import select
-import selectors
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -42,10 +46,9 @@ from typing import Callable, Iterator, Optional
 from bat_jax import workflow
 from bat_jax.sandbox import cgroup
 from bat_jax.sandbox import evidence as evidence_lib
-from bat_jax.sandbox import monitor
 from bat_jax.sandbox import safe_fs
-from bat_jax.sandbox import seccomp
 from bat_jax.sandbox import workspace as workspace_lib
+from bat_jax.sandbox.process import Completed, call_fds, run_bwrap
 
 INSTALL_HINT = ("install bubblewrap and util-linux (Debian/Ubuntu: `apt-get install bubblewrap "
                 "util-linux`) and make sure user namespaces are enabled "
@@ -66,10 +69,6 @@ _PROCS_SIGNS = ("fork: retry", "fork: Resource temporarily unavailable", "can't 
 _PROCS_FAILED_SIGNS = ("BlockingIOError: [Errno 11]",)
 # Random host uids for sandboxed code, far from system and login uids.
 _HOST_UID_MIN, _HOST_UID_SPAN = 3_000_000, 1_000_000
-# RLIMIT_AS caps each process; the whole call's private memory is polled this often.
-_MEMORY_POLL_S = 0.1
-# The workspace's size, entry count and depth are checked this often during a call.
-_WATCH_POLL_S = 0.2
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -78,9 +77,10 @@ class SandboxUnavailableError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
-  """Per-call limits. memory_mb caps each process's address space and the private memory of
-  the call's whole process tree; max_procs counts the whole call; max_workspace_mb caps each
-  file written and, checked after the call, the workspace total (also each scratch tmpfs)."""
+  """Per-call limits (all finite and > 0). memory_mb caps each process's address space and all
+  the memory of the call; max_procs counts the whole call; max_workspace_mb caps each file
+  written, the workspace total (watched during the call, checked after it) and each scratch
+  tmpfs."""
   wall_s: float = 30.0
   cpu_s: int = 20
   memory_mb: int = 1024
@@ -106,17 +106,6 @@ class ExecResult:
   timed_out: bool
   limit_hit: Optional[str]
   observation: str
-
-
-@dataclasses.dataclass(frozen=True)
-class _Completed:
-  returncode: int
-  stdout: bytes
-  stderr: bytes
-  timed_out: bool
-  output_exceeded: bool
-  memory_exceeded: bool = False
-  watch_limit: Optional[str] = None  # what `watch` reported (the workspace caps)
 
 
 @functools.lru_cache(maxsize=None)
@@ -146,39 +135,6 @@ def _system_mounts() -> list[str]:
     elif os.path.isdir(host):
       args += ["--ro-bind", host, host]
   return args
-
-
-@dataclasses.dataclass
-class _CallFds:
-  """The fds one bwrap call inherits; -1 once closed. `run_bwrap` closes what it consumes."""
-  workspace: int   # O_PATH fd of the workspace, bound at /workspace
-  info_r: int      # bwrap writes {"child-pid": ...} to info_w; the harness reads info_r
-  info_w: int
-  seccomp: int     # read end of a pipe holding the BPF program
-
-  def close(self, *names: str) -> None:
-    for name in names:
-      fd = getattr(self, name)
-      if fd >= 0:
-        setattr(self, name, -1)
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def _call_fds(workspace: Path, no_sysv_shm: bool = False) -> Iterator[_CallFds]:
-  """Opens the fds of one call and closes whichever are still open at exit."""
-  fds = _CallFds(-1, -1, -1, -1)
-  try:
-    fds.workspace = os.open(workspace, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    fds.info_r, fds.info_w = os.pipe()
-    fds.seccomp, seccomp_w = os.pipe()
-    try:  # a few hundred bytes: fits the pipe buffer, so this never blocks
-      os.write(seccomp_w, seccomp.no_userns_filter(no_sysv_shm=no_sysv_shm))
-    finally:
-      os.close(seccomp_w)
-    yield fds
-  finally:
-    fds.close("workspace", "info_r", "info_w", "seccomp")
 
 
 def bwrap_argv(*, workspace_fd: int, info_fd: int, seccomp_fd: int, limits: SandboxLimits,
@@ -226,142 +182,7 @@ def bwrap_argv(*, workspace_fd: int, info_fd: int, seccomp_fd: int, limits: Sand
   return argv + command
 
 
-def _read_pid1(info: bytes) -> Optional[int]:
-  try:
-    pid = json.loads(info.decode())["child-pid"]
-  except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-    return None
-  return pid if isinstance(pid, int) and pid > 1 else None
-
-
-def _kill_sandbox(proc: subprocess.Popen, pid1_fd: Optional[int]) -> None:
-  """SIGKILLs the sandbox's PID 1 (the kernel then kills its whole pid namespace) and bwrap."""
-  if pid1_fd is not None:
-    try:
-      signal.pidfd_send_signal(pid1_fd, signal.SIGKILL)
-    except (ProcessLookupError, OSError):
-      pass
-  try:
-    os.killpg(proc.pid, signal.SIGKILL)  # bwrap leads its own session (start_new_session)
-  except (ProcessLookupError, PermissionError):
-    pass
-
-
-@dataclasses.dataclass
-class _Watch:
-  """State of one running call, read and updated by `run_bwrap`'s loop."""
-  proc: subprocess.Popen
-  pid1_fd: Optional[int] = None
-  pid1: Optional[int] = None
-  info: bytearray = dataclasses.field(default_factory=bytearray)
-  total: int = 0
-  stopped: Optional[str] = None  # "wall", "output", "memory" or a `watch` limit
-
-
-def _launch(argv: list[str], fds: _CallFds, memory_cgroup) -> subprocess.Popen:
-  if memory_cgroup is not None:  # join the group first, so every process of the call is in it
-    argv = ["/bin/sh", "-c", 'echo 0 > "$0" && exec "$@"', memory_cgroup.procs_file, *argv]
-  try:
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE,
-                            pass_fds=(fds.workspace, fds.info_w, fds.seccomp),
-                            start_new_session=True, env={"PATH": "/usr/bin:/bin"})
-  finally:
-    fds.close("info_w", "seccomp")  # bwrap has its copies; info_r sees EOF when it is done
-
-
-def _on_read(w: _Watch, what: str, chunk: bytes, bufs: dict, max_output_bytes: int) -> None:
-  if what == "info":
-    w.info += chunk
-    if w.pid1_fd is None:
-      w.pid1 = _read_pid1(bytes(w.info))
-      if w.pid1 is not None:  # bwrap has not reaped it: the pid is still its
-        w.pid1_fd = os.pidfd_open(w.pid1)
-    return
-  room = max_output_bytes - w.total
-  bufs[what] += chunk[:max(room, 0)]
-  w.total += len(chunk)
-  if w.total > max_output_bytes:
-    w.stopped = "output"
-
-
-def run_bwrap(argv: list[str], fds: _CallFds, *, wall_s: float, max_output_bytes: int,
-              max_memory_bytes: int, memory_cgroup: Optional[cgroup.MemoryCgroup] = None,
-              watch: Optional[Callable[[], Optional[str]]] = None) -> _Completed:
-  """Runs argv, capturing at most max_output_bytes of stdout+stderr.
-
-  Kills the sandbox at wall_s, at the output cap, when its memory goes over max_memory_bytes
-  (the kernel does it in `memory_cgroup`; otherwise polled every _MEMORY_POLL_S), or when
-  `watch()` (polled every _WATCH_POLL_S) names a limit. Returns only after the sandbox's PID 1,
-  hence every process of the call, has exited; if anything here raises, the sandbox is killed
-  before the exception propagates.
-  """
-  if not (isinstance(wall_s, (int, float)) and math.isfinite(wall_s) and wall_s > 0):
-    raise ValueError(f"run_bwrap: wall_s must be a finite positive number, got {wall_s!r}")
-  deadline = time.monotonic() + wall_s
-  w = _Watch(_launch(argv, fds, memory_cgroup))
-  bufs = {"stdout": bytearray(), "stderr": bytearray()}
-  next_memory = next_watch = time.monotonic()
-  sel = selectors.DefaultSelector()
-  try:
-    sel.register(w.proc.stdout, selectors.EVENT_READ, "stdout")
-    sel.register(w.proc.stderr, selectors.EVENT_READ, "stderr")
-    sel.register(fds.info_r, selectors.EVENT_READ, "info")
-    while sel.get_map() and w.stopped is None:
-      now = time.monotonic()
-      if now >= deadline:
-        w.stopped = "wall"
-        break
-      if w.pid1 is not None and now >= next_memory:  # an OOM kill in the group ends the call
-        if (memory_cgroup.oom_killed() if memory_cgroup is not None
-            else monitor.call_memory_bytes(w.pid1) > max_memory_bytes):
-          w.stopped = "memory"
-        next_memory = now + _MEMORY_POLL_S
-      if watch is not None and now >= next_watch:
-        w.stopped = w.stopped or watch()
-        next_watch = now + _WATCH_POLL_S
-      wake = min(deadline, next_watch if watch is not None else deadline,
-                 next_memory if w.pid1 is not None else deadline)
-      for key, _ in sel.select(timeout=max(wake - now, 0.0)):
-        chunk = os.read(key.fd, 1 << 16)
-        if not chunk:
-          sel.unregister(key.fileobj)
-        else:
-          _on_read(w, key.data, chunk, bufs, max_output_bytes)
-    if w.stopped is None:
-      try:
-        returncode = w.proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
-      except subprocess.TimeoutExpired:
-        w.stopped = "wall"
-    if w.stopped is not None:
-      _kill_sandbox(w.proc, w.pid1_fd)
-      returncode = w.proc.wait()
-    if w.pid1_fd is not None:  # bwrap reaps PID 1 before it exits; this just makes it certain
-      waiter = select.poll()
-      waiter.register(w.pid1_fd, select.POLLIN)
-      waiter.poll(5000)
-  except BaseException:
-    _kill_sandbox(w.proc, w.pid1_fd)  # never leave a sandbox running behind an exception
-    w.proc.wait()
-    raise
-  finally:
-    sel.close()
-    w.proc.stdout.close()
-    w.proc.stderr.close()
-    fds.close("info_r")
-    if w.pid1_fd is not None:
-      os.close(w.pid1_fd)
-  if returncode < 0:  # bwrap itself killed by a signal: shell convention
-    returncode = 128 - returncode
-  oom = memory_cgroup is not None and memory_cgroup.oom_killed()
-  known = ("wall", "output", "memory")
-  return _Completed(returncode, bytes(bufs["stdout"]), bytes(bufs["stderr"]),
-                    w.stopped == "wall", w.stopped == "output",
-                    w.stopped == "memory" or oom,
-                    w.stopped if w.stopped not in known and w.stopped is not None else None)
-
-
-def _limit_hit(done: _Completed, stderr: str) -> Optional[str]:
+def _limit_hit(done: Completed, stderr: str) -> Optional[str]:
   """Which limit stopped the call. Memory/procs are read from the interpreters' own errors."""
   if done.timed_out:
     return "wall"
@@ -485,7 +306,7 @@ def check_available(as_root: bool) -> None:
     host_uid = _HOST_UID_MIN if as_root else None
     if host_uid is not None:
       workspace_lib.claim(Path(tmp), host_uid, host_uid)
-    with _call_fds(Path(tmp)) as fds:
+    with call_fds(Path(tmp)) as fds:
       argv = bwrap_argv(workspace_fd=fds.workspace, info_fd=fds.info_w, seccomp_fd=fds.seccomp,
                         limits=SandboxLimits(), host_uid=host_uid,
                         command=["/bin/sh", "-c", "echo ok > probe"])
@@ -553,7 +374,7 @@ class Sandbox:
   def _execute_locked(self, language: str, code: str) -> ExecResult:
     start = time.monotonic()
     before = after = {}
-    done = _Completed(-1, b"", b"", False, False)
+    done = Completed(-1, b"", b"", False, False)
     limit: Optional[str] = None
     finished = False
     try:
@@ -561,7 +382,7 @@ class Sandbox:
         workspace_lib.claim(self.workspace, self.host_uid, self.host_uid)
       before = after = self._scan().fp
       limit = _code_problem(code)
-      done = self._run(language, code) if limit is None else _Completed(2, b"", b"", False, False)
+      done = self._run(language, code) if limit is None else Completed(2, b"", b"", False, False)
       stderr = done.stderr.decode("utf-8", "replace")
       limit = limit or _limit_hit(done, stderr)
       found = self._scan()
@@ -602,9 +423,9 @@ class Sandbox:
       return "workspace" if limit == "workspace_bytes" else limit
     return check
 
-  def _run(self, language: str, code: str) -> _Completed:
+  def _run(self, language: str, code: str) -> Completed:
     with _memory_cgroup(self.limits) as group, _staged(self.workspace, self._stage) as staged, \
-        _call_fds(staged, no_sysv_shm=group is None) as fds:
+        call_fds(staged, no_sysv_shm=group is None) as fds:
       argv = bwrap_argv(workspace_fd=fds.workspace, info_fd=fds.info_w, seccomp_fd=fds.seccomp,
                         limits=self.limits, host_uid=self.host_uid,
                         command=[*_INTERPRETERS[language], code])

@@ -12,7 +12,7 @@ import time
 import pytest
 from sandbox_helpers import FAST, processes_of, processes_running
 
-from bat_jax.sandbox import SandboxLimits, bwrap, cgroup, load_evidence
+from bat_jax.sandbox import SandboxLimits, bwrap, cgroup, load_evidence, process
 
 # Memory cap 256 MB; scratch tmpfs sized at 512 MB so only the memory cap can stop them.
 MEM = dataclasses.replace(FAST, wall_s=20.0, cpu_s=15, memory_mb=256, max_workspace_mb=512)
@@ -122,9 +122,9 @@ def test_config_validation_names_the_sandbox_field(value):
 
 
 def test_run_bwrap_refuses_nan_wall_before_starting_anything(make_sandbox, tmp_path):
-  with bwrap._call_fds(tmp_path) as fds:
+  with process.call_fds(tmp_path) as fds:
     with pytest.raises(ValueError, match="wall_s must be a finite positive"):
-      bwrap.run_bwrap(["/bin/true"], fds, wall_s=math.nan, max_output_bytes=1,
+      process.run_bwrap(["/bin/true"], fds, wall_s=math.nan, max_output_bytes=1,
                       max_memory_bytes=1)
 
 
@@ -143,7 +143,7 @@ def test_an_exception_in_run_bwrap_kills_the_sandbox(make_sandbox, monkeypatch, 
     monkeypatch.setattr(sb, "_watch", lambda staged: boom)
   else:
     monkeypatch.setattr(cgroup, "available", lambda: False)
-    monkeypatch.setattr(bwrap.monitor, "call_memory_bytes", boom)
+    monkeypatch.setattr(process.monitor, "call_memory_bytes", boom)
   code = (f"( trap '' TERM; exec -a {marker} sleep 60 ) & "
           f"( trap '' TERM; exec -a {marker} sleep 60 ) & sleep 60")
   with pytest.raises(RuntimeError, match="monitor failed"):
