@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
 from pathlib import Path
 from typing import Any, Optional
 
@@ -44,6 +43,7 @@ from bat_jax.grpo.train_step import StepShardings
 from bat_jax.sft import SftConfig, pad_example, run_sft, sft_loss_fn
 from bat_jax.stagebank.rounds import RoundWeights
 from bat_jax.io_utils import atomic_write_json
+from bat_jax.sandbox import safe_fs
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +280,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
 
       outcome = grpo.run(round_dir, on_step)
       bar.close()
-      shutil.rmtree(workspaces, ignore_errors=True)
+      safe_fs.remove_tree_quietly(workspaces)  # agent-made trees: deep, odd names
 
       # ---------------------------------------------------------------- export + evaluate
       name = round_policy_name(r)

@@ -23,7 +23,6 @@ skipping); the raw rubric items keep their nulls in the record.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -39,13 +38,7 @@ from bat_jax.taskkit import materialize_at
 STOP_REASONS: tuple[str, ...] = ("agent_stop", "turn_limit", "tool_call_limit")
 
 
-def remove_quietly(path: Path) -> None:
-  """Removes a cell's folder whatever the agent left in it (deep trees, long or odd names,
-  folders without permissions); a failure is reported on stderr, never raised."""
-  try:
-    safe_fs.remove_tree(path)
-  except OSError as e:
-    print(f"evaluator: could not remove {str(path)!r}: {e}", file=sys.stderr)
+remove_quietly = safe_fs.remove_tree_quietly
 
 
 class _Invalid(Exception):

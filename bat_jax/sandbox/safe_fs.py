@@ -16,6 +16,7 @@ import hashlib
 import os
 import secrets
 import stat
+import sys
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator, Optional, Union
 
@@ -51,6 +52,17 @@ def _parts(rel: str) -> list[str]:
 def open_dir(root: PathLike) -> int:
   """An O_RDONLY fd of the (harness-chosen) root folder itself; the root may not be a link."""
   return os.open(root, _DIR_FLAGS)
+
+
+def _parent_of(root: PathLike, rel: str) -> tuple[int, str]:
+  """(fd of the folder holding rel's last component, that component), reached from root
+  without following any link."""
+  parts = _parts(rel)
+  root_fd = open_dir(root)
+  try:
+    return _open_parent(root_fd, parts, rel), parts[-1]
+  finally:
+    os.close(root_fd)
 
 
 def _open_parent(root_fd: int, parts: list[str], rel: str) -> int:
@@ -94,15 +106,10 @@ def read_bytes(root: PathLike, rel: str, max_bytes: int = DEFAULT_MAX_READ) -> b
   Raises FileNotFoundError when it is missing, UnsafeFileError (an OSError) for a link on the
   way, a FIFO / socket / device / folder, or more than max_bytes.
   """
-  parts = _parts(rel)
-  root_fd = open_dir(root)
-  try:
-    parent = _open_parent(root_fd, parts, rel)
-  finally:
-    os.close(root_fd)
+  parent, name = _parent_of(root, rel)
   try:
     try:
-      fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=parent)
+      fd = os.open(name, _FILE_FLAGS, dir_fd=parent)
     except OSError as e:
       if e.errno == errno.ELOOP:
         raise UnsafeFileError(e.errno, f"{rel!r} is a symlink") from None
@@ -123,18 +130,13 @@ def read_text(root: PathLike, rel: str, max_bytes: int = DEFAULT_MAX_READ) -> st
 def kind(root: PathLike, rel: str) -> Optional[str]:
   """"file", "dir", "link" or "other" for root/rel (links on the way: "link"); None if absent."""
   try:
-    parts = _parts(rel)
-    root_fd = open_dir(root)
-    try:
-      parent = _open_parent(root_fd, parts, rel)
-    finally:
-      os.close(root_fd)
+    parent, name = _parent_of(root, rel)
   except UnsafeFileError:
     return "link"
   except OSError:
     return None
   try:
-    st = os.lstat(parts[-1], dir_fd=parent)
+    st = os.lstat(name, dir_fd=parent)
   except OSError:
     return None
   finally:
@@ -260,6 +262,15 @@ def remove_tree(path: PathLike) -> None:
     os.rmdir(path.name, dir_fd=parent)
   finally:
     os.close(parent)
+
+
+def remove_tree_quietly(path: PathLike) -> None:
+  """remove_tree for cleanup paths: whatever the agent left (deep trees, long or odd names,
+  folders without permissions), a failure is reported on stderr, never raised."""
+  try:
+    remove_tree(path)
+  except OSError as e:
+    print(f"bat_jax: could not remove {str(path)!r}: {e}", file=sys.stderr)
 
 
 _MAX_HELD_FDS = 16
