@@ -165,7 +165,8 @@ def run_bwrap(argv: list[str], fds: CallFds, *, wall_s: float, max_output_bytes:
         next_memory = now + _MEMORY_POLL_S
       if watch is not None and now >= next_watch:
         w.stopped = w.stopped or watch()
-        next_watch = now + _WATCH_POLL_S
+        # A big workspace makes the walk slow: keep it to a fifth of the host's time or less.
+        next_watch = now + max(_WATCH_POLL_S, 4 * (time.monotonic() - now))
       wake = min(deadline, next_watch if watch is not None else deadline,
                  next_memory if w.pid1 is not None else deadline)
       for key, _ in sel.select(timeout=max(wake - now, 0.0)):

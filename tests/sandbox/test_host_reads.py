@@ -16,7 +16,7 @@ import pytest
 from sandbox_helpers import FAST
 
 from bat_jax.evaluator import episode
-from bat_jax.sandbox import load_evidence, safe_fs
+from bat_jax.sandbox import bwrap, load_evidence, safe_fs
 from bat_jax.sandbox import workspace as workspace_lib
 
 
@@ -135,11 +135,13 @@ def test_deep_tree_is_a_recorded_limit_and_is_removed(make_sandbox):
   assert r.exit_code == 0 and r.stdout == "42\n" and r.limit_hit is None
 
 
-def test_many_files_are_a_recorded_limit_and_later_calls_stay_cheap(make_sandbox):
+def test_many_files_are_a_recorded_limit_and_later_calls_stay_cheap(make_sandbox, monkeypatch):
+  monkeypatch.setattr(bwrap, "_WALK", dataclasses.replace(bwrap._WALK, max_entries=2000))
   sb = make_sandbox(dataclasses.replace(FAST, wall_s=20.0, cpu_s=20))
-  r = sb.execute("python", "import os\nos.mkdir('m')\n"
-                           "for i in range(25000): open(f'm/{i}', 'w').close()\n")
+  r = sb.execute("python", "import os, time\nos.mkdir('m')\n"
+                           "for i in range(3000): open(f'm/{i}', 'w').close()\ntime.sleep(30)")
   assert r.limit_hit == "workspace_entries" and not (sb.workspace / "m").exists()
+  assert not r.timed_out  # stopped by the in-call watch, not by the wall limit
   t0 = time.monotonic()
   assert sb.execute("bash", "true").exit_code == 0
   assert time.monotonic() - t0 < 5.0  # the 25,000 files do not tax every later call
@@ -182,3 +184,16 @@ def test_every_call_is_recorded_even_when_the_harness_fails(make_sandbox, monkey
   assert rec.limit_hit == "harness_error" and rec.exit_code == -1 and rec.changed == {}
   line = sb.evidence_path.read_text().splitlines()[-1]
   assert json.loads(line)["call_index"] == 0
+
+
+@pytest.mark.slow
+def test_200k_files_at_the_real_budget(make_sandbox):
+  """The reported attack at full size: 200,000 empty files. The watch stops it at the real
+  entry budget, the files go, and the next call costs what a call costs."""
+  sb = make_sandbox(dataclasses.replace(FAST, wall_s=120.0, cpu_s=120))
+  r = sb.execute("python", "import os\nos.mkdir('m')\n"
+                           "for i in range(200000): open(f'm/{i}', 'w').close()\n")
+  assert r.limit_hit == "workspace_entries" and not (sb.workspace / "m").exists()
+  t0 = time.monotonic()
+  assert sb.execute("bash", "true").exit_code == 0
+  assert time.monotonic() - t0 < 3.0
