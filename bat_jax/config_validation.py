@@ -217,12 +217,10 @@ def _check_rollout(ck: _Checker) -> None:
 
 
 def _check_services(ck: _Checker) -> None:
-  errors = len(ck.errors)
   for f in dataclasses.fields(SandboxLimits):  # name the field: nan / inf / <= 0 are refused
     ck.that(f"sandbox.{f.name}", lambda v: isinstance(v, (int, float)) and math.isfinite(v)
             and v > 0, "a finite number > 0")
-  if len(ck.errors) == errors:
-    ck.builds("sandbox", SandboxLimits)
+  ck.builds("sandbox", SandboxLimits)
   ck.one_of("stagebank.mode", STAGEBANK_MODES)
   ck.positive("stagebank.n_batches", "stagebank.request_timeout_s")
   if ck.get("stagebank.mode") == "connect" and not ck.get("stagebank.dir"):
