@@ -138,7 +138,8 @@ def _system_mounts() -> list[str]:
 
 
 def bwrap_argv(*, workspace_fd: int, info_fd: int, seccomp_fd: int, limits: SandboxLimits,
-               host_uid: Optional[int], command: list[str]) -> list[str]:
+               host_uid: Optional[int], command: list[str],
+               block_fd: Optional[int] = None) -> list[str]:
   """The full bwrap command line for one call (pure; exposed for inspection and tests).
 
   Args:
@@ -149,6 +150,7 @@ def bwrap_argv(*, workspace_fd: int, info_fd: int, seccomp_fd: int, limits: Sand
     host_uid: run the code as this unprivileged host uid (harness is root), or None to use an
       unprivileged user namespace (harness is a normal user).
     command: interpreter argv, e.g. ["/usr/bin/python3", "-c", code].
+    block_fd: if given, the sandbox waits for a byte on it before it starts the command.
   """
   tools = _tools(host_uid is not None)
   scratch = str(limits.max_workspace_mb << 20)
@@ -171,7 +173,9 @@ def bwrap_argv(*, workspace_fd: int, info_fd: int, seccomp_fd: int, limits: Sand
            "--clearenv", "--setenv", "PATH", "/sandbox/bin:/usr/local/bin:/usr/bin:/bin",
            "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
            "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "PYTHONUNBUFFERED", "1",
-           "--info-fd", str(info_fd), "--seccomp", str(seccomp_fd), "--"]
+           "--info-fd", str(info_fd), "--seccomp", str(seccomp_fd)]
+  argv += [] if block_fd is None else ["--block-fd", str(block_fd)]
+  argv += ["--"]
   # The CPU hard limit (SIGKILL) trails the soft one (SIGXCPU) so the usual exit is SIGXCPU.
   argv += [tools["prlimit_in"], f"--as={limits.memory_mb << 20}",
            f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}", f"--nproc={limits.max_procs}",
@@ -425,10 +429,11 @@ class Sandbox:
 
   def _run(self, language: str, code: str) -> Completed:
     with _memory_cgroup(self.limits) as group, _staged(self.workspace, self._stage) as staged, \
-        call_fds(staged, no_sysv_shm=group is None) as fds:
+        call_fds(staged, no_sysv_shm=group is None, block=group is not None) as fds:
       argv = bwrap_argv(workspace_fd=fds.workspace, info_fd=fds.info_w, seccomp_fd=fds.seccomp,
                         limits=self.limits, host_uid=self.host_uid,
-                        command=[*_INTERPRETERS[language], code])
+                        command=[*_INTERPRETERS[language], code],
+                        block_fd=fds.block_r if group is not None else None)
       return run_bwrap(argv, fds, wall_s=self.limits.wall_s,
                        max_output_bytes=self.limits.max_output_bytes,
                        max_memory_bytes=self.limits.memory_mb << 20, memory_cgroup=group,

@@ -46,6 +46,8 @@ class CallFds:
   info_r: int      # bwrap writes {"child-pid": ...} to info_w; the harness reads info_r
   info_w: int
   seccomp: int     # read end of a pipe holding the BPF program
+  block_r: int = -1  # with a memory cgroup: bwrap waits on it until PID 1 is in the group
+  block_w: int = -1
 
   def close(self, *names: str) -> None:
     for name in names:
@@ -56,12 +58,16 @@ class CallFds:
 
 
 @contextlib.contextmanager
-def call_fds(workspace: Path, no_sysv_shm: bool = False) -> Iterator[CallFds]:
-  """Opens the fds of one call and closes whichever are still open at exit."""
+def call_fds(workspace: Path, no_sysv_shm: bool = False,
+             block: bool = False) -> Iterator[CallFds]:
+  """Opens the fds of one call (block: also the --block-fd pipe) and closes whichever are
+  still open at exit."""
   fds = CallFds(-1, -1, -1, -1)
   try:
     fds.workspace = os.open(workspace, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     fds.info_r, fds.info_w = os.pipe()
+    if block:
+      fds.block_r, fds.block_w = os.pipe()
     fds.seccomp, seccomp_w = os.pipe()
     try:  # a few hundred bytes: fits the pipe buffer, so this never blocks
       os.write(seccomp_w, seccomp.no_userns_filter(no_sysv_shm=no_sysv_shm))
@@ -69,7 +75,7 @@ def call_fds(workspace: Path, no_sysv_shm: bool = False) -> Iterator[CallFds]:
       os.close(seccomp_w)
     yield fds
   finally:
-    fds.close("workspace", "info_r", "info_w", "seccomp")
+    fds.close("workspace", "info_r", "info_w", "seccomp", "block_r", "block_w")
 
 
 def _read_pid1(info: bytes) -> Optional[int]:
@@ -102,18 +108,27 @@ class _Watch:
   info: bytearray = dataclasses.field(default_factory=bytearray)
   total: int = 0
   stopped: Optional[str] = None  # "wall", "output", "memory" or a `watch` limit
+  fds: Optional[CallFds] = None
+  memory_cgroup: Optional[cgroup.MemoryCgroup] = None
 
 
-def _launch(argv: list[str], fds: CallFds, memory_cgroup) -> subprocess.Popen:
-  if memory_cgroup is not None:  # join the group first, so every process of the call is in it
-    argv = ["/bin/sh", "-c", 'echo 0 > "$0" && exec "$@"', memory_cgroup.procs_file, *argv]
+def _launch(argv: list[str], fds: CallFds) -> subprocess.Popen:
+  passed = (fds.workspace, fds.info_w, fds.seccomp) + ((fds.block_r,) if fds.block_r >= 0 else ())
   try:
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE,
-                            pass_fds=(fds.workspace, fds.info_w, fds.seccomp),
+                            stderr=subprocess.PIPE, pass_fds=passed,
                             start_new_session=True, env={"PATH": "/usr/bin:/bin"})
   finally:
-    fds.close("info_w", "seccomp")  # bwrap has its copies; info_r sees EOF when it is done
+    fds.close("info_w", "seccomp", "block_r")  # bwrap has its copies
+
+
+def _into_cgroup(w: _Watch) -> None:
+  """Moves the (blocked) sandbox PID 1 into the call's memory cgroup, then lets it run: the
+  code is started after this, so every process of the call is charged to the group."""
+  with open(w.memory_cgroup.procs_file, "w") as f:
+    f.write(str(w.pid1))
+  os.write(w.fds.block_w, b"1")
+  w.fds.close("block_w")
 
 
 def _on_read(w: _Watch, what: str, chunk: bytes, bufs: dict, max_output_bytes: int) -> None:
@@ -123,6 +138,8 @@ def _on_read(w: _Watch, what: str, chunk: bytes, bufs: dict, max_output_bytes: i
       w.pid1 = _read_pid1(bytes(w.info))
       if w.pid1 is not None:  # bwrap has not reaped it: the pid is still its
         w.pid1_fd = os.pidfd_open(w.pid1)
+        if w.memory_cgroup is not None:
+          _into_cgroup(w)
     return
   room = max_output_bytes - w.total
   bufs[what] += chunk[:max(room, 0)]
@@ -145,7 +162,10 @@ def run_bwrap(argv: list[str], fds: CallFds, *, wall_s: float, max_output_bytes:
   if not (isinstance(wall_s, (int, float)) and math.isfinite(wall_s) and wall_s > 0):
     raise ValueError(f"run_bwrap: wall_s must be a finite positive number, got {wall_s!r}")
   deadline = time.monotonic() + wall_s
-  w = _Watch(_launch(argv, fds, memory_cgroup))
+  if (memory_cgroup is not None) != (fds.block_w >= 0):
+    raise ValueError("run_bwrap: a memory cgroup needs bwrap started with --block-fd "
+                     "(call_fds(block=True), bwrap_argv(block_fd=...)) and only then")
+  w = _Watch(_launch(argv, fds), fds=fds, memory_cgroup=memory_cgroup)
   bufs = {"stdout": bytearray(), "stderr": bytearray()}
   next_memory = next_watch = time.monotonic()
   sel = selectors.DefaultSelector()

@@ -86,9 +86,6 @@ def measure_hardening(n: int = 50, limits: SandboxLimits = SandboxLimits()) -> d
     out["cgroup_ms"] = _ms_per_call(group, n) if cgroup.available() else 0.0
     out["staging_ms"] = _ms_per_call(staged, n)
     out["disk_walk_ms"] = _ms_per_call(lambda: workspace_lib.scan(ws, hash_files=False), n)
-    out["launcher_ms"] = (_ms_per_call(lambda: subprocess.run(
-        ["/bin/sh", "-c", 'exec "$@"', "sh", "/bin/true"], check=True), n) - _ms_per_call(
-            lambda: subprocess.run(["/bin/true"], check=True), n)) if cgroup.available() else 0.0
     if stage is not None:
       stage.rmdir()
   return out
@@ -99,8 +96,8 @@ def main() -> None:
   parser.add_argument("--calls", type=int, default=20, help="timed calls per language and mode")
   args = parser.parse_args()
   h = measure_hardening(max(args.calls, 20))
-  print(f"hardening, ms/call: memory cgroup {h['cgroup_ms']:.2f} (0: none here), cgroup "
-        f"launcher {h['launcher_ms']:.2f}, path-hiding rename {h['staging_ms']:.2f}, "
+  print(f"hardening, ms/call: memory cgroup {h['cgroup_ms']:.2f} (0: none here), "
+        f"path-hiding rename {h['staging_ms']:.2f}, "
         f"disk walk {h['disk_walk_ms']:.2f} (per watch poll; none in calls under 0.2 s)")
   r = measure_overhead(args.calls)
   for language in TRIVIAL:
