@@ -261,7 +261,11 @@ def _neutral_stage(workspace: Path) -> Optional[Path]:
   (a cell's outcome, a user name, a run directory).
   """
   dev = workspace.stat().st_dev
-  for base in (tempfile.gettempdir(), "/dev/shm", "/var/tmp"):
+  top = workspace  # the filesystem's top folder: a stage there shows as /<random>/<random>
+  while top.parent != top and top.parent.stat().st_dev == dev:
+    top = top.parent
+  # Fixed system folders first: $TMPDIR may itself name a run, a user or a cell.
+  for base in ("/tmp", "/var/tmp", "/dev/shm", str(top), tempfile.gettempdir()):
     try:
       if os.stat(base).st_dev != dev:
         continue
