@@ -250,5 +250,5 @@ def test_agent_loop_over_http_keeps_trainer_logprobs_and_reuses_prefixes(model, 
     logp, _ = nnx.jit(lambda m, ids: taken_token_logprobs(m, ids, chunk_size=256))(
         model, jnp.asarray([t.token_ids], jnp.int32))
     mask = np.array(t.loss_mask, bool)
-    np.testing.assert_allclose(np.array(t.sampler_logprobs)[mask], np.asarray(logp[0])[mask],
+    np.testing.assert_allclose(np.array(t.sampler_logp)[mask], np.asarray(logp[0])[mask],
                                atol=1e-4)
