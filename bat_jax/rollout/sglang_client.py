@@ -169,8 +169,17 @@ class SGLangClient:
     return parse_generate_response(body, prompt_tokens=len(payload["input_ids"]))
 
   async def model_info(self) -> dict:
-    """`GET /model_info` (model_path, weight_version, ...)."""
-    body = await self._request("GET", "/model_info")
+    """`GET /model_info` (model_path, weight_version, ...).
+
+    Falls back to the deprecated `/get_model_info` only on a 404 (servers older than SGLang
+    0.5, where it was the only name); SGLang 0.5.23 logs a deprecation warning for it.
+    """
+    try:
+      body = await self._request("GET", "/model_info")
+    except RequestRejectedError as e:
+      if e.status != 404:
+        raise
+      body = await self._request("GET", "/get_model_info")
     if not isinstance(body, dict):
       raise ProtocolError(f"/model_info answered {str(body)[:300]!r}, not a JSON object")
     return body
@@ -312,7 +321,14 @@ class SGLangEngine:
 
     async def run_all():
       return await asyncio.gather(*(one(r) for r in requests))
-    return list(self._run(run_all()))
+    completions = list(self._run(run_all()))
+    stale = sorted({c.weight_version for c in completions
+                    if self._weight_version and c.weight_version
+                    and c.weight_version != self._weight_version})
+    if stale:  # a server that missed the last sync (or another trainer's server)
+      raise SGLangError(f"{self._base_url} answered with weight_version {stale}, expected "
+                        f"{self._weight_version!r} (the last one synced)")
+    return completions
 
   def release(self, session_ids: Sequence[str]) -> None:
     del session_ids  # radix cache entries are evicted by the server

@@ -92,7 +92,7 @@ async def _update_and_info(url, path, version):
   async with SGLangClient(url, retry=FAST_RETRY) as client:
     await client.update_weights_from_disk(path, version)
     await client.flush_cache()
-    return await client.get_model_info()
+    return await client.model_info()
 
 
 def test_unknown_model_path_is_refused_naming_it(server, tmp_path):
