@@ -33,12 +33,14 @@ class SamplingParams:
     temperature: 0 means greedy (argmax).
     top_p: nucleus mass in (0, 1]; 1 disables it.
     top_k: keep the k most likely tokens; -1 disables it (0 is refused, as SGLang does).
+    min_p: drop tokens whose probability is below min_p times the most likely one's (0: off).
     stop_token_ids: generation ends after emitting any of these (the id is kept in the output).
   """
   max_new_tokens: int = 256
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = -1
+  min_p: float = 0.0
   stop_token_ids: tuple[int, ...] = ()
 
   def __post_init__(self):
@@ -53,6 +55,8 @@ class SamplingParams:
     _check(isinstance(self.top_k, int) and not isinstance(self.top_k, bool)
            and (self.top_k == -1 or self.top_k >= 1), "top_k", self.top_k,
            "-1 (disable) or at least 1 (SGLang refuses 0)")
+    _check(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", self.min_p,
+           "a number in [0, 1]")
     ids = self.stop_token_ids
     _check(isinstance(ids, tuple) and all(isinstance(t, int) and t >= 0 for t in ids),
            "stop_token_ids", ids, "a tuple of non-negative token ids")
@@ -83,7 +87,7 @@ class SamplingParams:
   def to_dict(self) -> dict[str, Any]:
     """SGLang `sampling_params` JSON (stop token kept in the output, specials kept in text)."""
     return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
-            "top_p": self.top_p, "top_k": self.top_k,
+            "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
             "stop_token_ids": list(self.stop_token_ids),
             "skip_special_tokens": False, "no_stop_trim": True}
 

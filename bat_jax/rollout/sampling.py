@@ -35,7 +35,7 @@ def token_logprobs(logits: Array, tokens: Array, temperature: Array) -> Array:
 
 
 def sample_tokens(logits: Array, key: Array, *, temperature: Array, top_p: Array,
-                  top_k: Array) -> Array:
+                  top_k: Array, min_p: Array | None = None) -> Array:
   """Draws one token per row.
 
   Args:
@@ -44,6 +44,8 @@ def sample_tokens(logits: Array, key: Array, *, temperature: Array, top_p: Array
     temperature: [S]; 0 means greedy (argmax).
     top_p: [S] nucleus mass in (0, 1].
     top_k: [S] int; <= 0 disables it.
+    min_p: [S] or None; keeps tokens with probability >= min_p * the top token's (after
+      temperature), as SGLang; 0 disables it.
 
   Returns:
     [S] int32 token ids.
@@ -51,6 +53,7 @@ def sample_tokens(logits: Array, key: Array, *, temperature: Array, top_p: Array
   vocab = logits.shape[-1]
   greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
   scaled = logits / effective_temperature(temperature)[:, None]
+  min_p = jnp.zeros_like(top_p) if min_p is None else min_p
 
   def unfiltered(_):
     return jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
@@ -63,10 +66,14 @@ def sample_tokens(logits: Array, key: Array, *, temperature: Array, top_p: Array
     probs = jax.nn.softmax(jnp.where(keep, ranked, -jnp.inf), axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
     keep &= mass_before < top_p[:, None]                                # rank 0 always kept
+    # min_p: p_i >= min_p * p_max  <=>  scaled_i >= scaled_max + log(min_p) (rank 0 kept).
+    keep &= (ranked >= ranked[:, :1] + jnp.log(jnp.maximum(min_p, 1e-30))[:, None]) | (
+        min_p[:, None] <= 0)
     choice = jax.random.categorical(key, jnp.where(keep, ranked, -jnp.inf), axis=-1)
     return jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
 
   # The full-vocabulary sort only runs when some row truncates.
-  needs_filter = jnp.any((top_k > 0) & (top_k < vocab)) | jnp.any(top_p < 1.0)
+  needs_filter = (jnp.any((top_k > 0) & (top_k < vocab)) | jnp.any(top_p < 1.0)
+                  | jnp.any(min_p > 0))
   sampled = jax.lax.cond(needs_filter, filtered, unfiltered, None)
   return jnp.where(temperature > 0, sampled, greedy)
