@@ -9,15 +9,13 @@ is tests/rollout/test_sglang_policy_server.py in the default suite.
 import json
 import os
 import pathlib
-import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
 from bat_jax.bicurl import OuterState
+from test_resume import _run_until
 
 DRIVER = pathlib.Path(__file__).with_name("drive_sglang.py")
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -37,35 +35,20 @@ def _servers_of(workdir: pathlib.Path) -> list[int]:
   return pids
 
 
-def _run(workdir, env, kill_when=None, timeout_s=1500.0) -> bool:
-  proc = subprocess.Popen([sys.executable, str(DRIVER), str(workdir)], env=env, cwd=ROOT,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-  deadline = time.monotonic() + timeout_s
-  while proc.poll() is None:
-    if kill_when is not None and kill_when():
-      proc.send_signal(signal.SIGKILL)
-      proc.wait()
-      return True
-    assert time.monotonic() < deadline, "driver ran past its timeout"
-    time.sleep(0.05)
-  assert proc.returncode == 0, proc.stderr.read().decode()[-3000:]
-  return False
-
-
 @pytest.mark.slow
 def test_outer_loop_over_launched_bat_jax_serve_survives_sigkill(tmp_path, require_bwrap):
   env = {**os.environ, "PYTHONPATH": str(ROOT),
          "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "xla_cache"),
          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
   work = tmp_path / "run"
-  assert _run(work, env, kill_when=lambda: (work / "ckpt/round_000/1").is_dir()), \
+  assert _run_until(work, env, lambda: (work / "ckpt/round_000/1").is_dir(), 1500.0, DRIVER), \
       "the run finished before the mid-round kill point"
   deadline = time.monotonic() + 30  # the server gets SIGTERM from the kernel (PDEATHSIG)
   while _servers_of(work) and time.monotonic() < deadline:
     time.sleep(0.2)
   assert not _servers_of(work), "the rollout server outlived the killed trainer"
 
-  assert not _run(work, env)
+  assert not _run_until(work, env, lambda: False, 1500.0, DRIVER)
   state = OuterState.load(work)
   (rec,) = state.rounds
   assert [s["step"] for s in rec.steps] == [1, 2]
