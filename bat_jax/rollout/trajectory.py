@@ -113,6 +113,8 @@ def collate(trajectories: Sequence[Trajectory], *, max_len: Optional[int] = None
     `input_ids [B, T] int32`, `loss_mask [B, T] float32`, `sampler_logp [B, T] float32` (the
     rollout engine's logprobs; the trainer adds its own `old_logp`), `rewards [B] float32`,
     `group_ids [B] int32` (equal state_id -> equal id, first-seen order), `trainable [B] bool`.
+    A token whose sampler logprob the server reported as null (NaN here) gets loss mask 0 and
+    sampler_logp 0: its sampling probability is unknown, so it is not trained on.
   """
   if not trajectories:
     raise ValueError("collate needs at least one trajectory")
@@ -128,6 +130,8 @@ def collate(trajectories: Sequence[Trajectory], *, max_len: Optional[int] = None
     mask[i, :n] = t.loss_mask[:n]
     logp[i, :n] = t.sampler_logp[:n]
     groups.setdefault(t.state_id, len(groups))
+  unknown = ~np.isfinite(logp)
+  mask[unknown], logp[unknown] = 0.0, 0.0
   return {"input_ids": ids, "loss_mask": mask, "sampler_logp": logp,
           "rewards": np.array([t.reward for t in trajectories], np.float32),
           "group_ids": np.array([groups[t.state_id] for t in trajectories], np.int32),

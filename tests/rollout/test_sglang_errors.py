@@ -16,7 +16,8 @@ import pytest
 
 from bat_jax.bicurl.policy import SGLangPolicyServer
 from bat_jax.config_validation import ConfigError, validate_config
-from bat_jax.rollout import AgentLoop, RolloutItem, RolloutLimits, Score, collate
+from bat_jax.rollout import (AgentLoop, RolloutItem, RolloutLimits, Score, Trajectory,
+                             collate)
 from bat_jax.rollout.engine import GenerateRequest, PromptTooLongError, SamplingParams
 from bat_jax.rollout.jax_engine import JaxEngine, JaxEngineConfig
 from bat_jax.rollout.sglang_client import (ContextLengthExceededError, RequestRejectedError,
@@ -124,6 +125,12 @@ def test_null_logprob_is_nan_not_a_crash():
   finally:
     engine.close()
   assert c.output_ids == (4, 5) and math.isnan(c.logprobs[0]) and c.logprobs[1] == -0.25
+  t = Trajectory(state_id="s", stage="S1", pool="p", task_id="t", sample_index=0,
+                 token_ids=[1, 2, 3, 4, 5], loss_mask=[0, 0, 0, 1, 1],
+                 sampler_logp=[0.0, 0.0, 0.0, *c.logprobs], prompt_len=3, finish_reason="max_turns")
+  batch = collate([t])  # the unknown token is not trained on; nothing NaN reaches the trainer
+  assert batch["loss_mask"].tolist() == [[0, 0, 0, 0, 1]]
+  assert batch["sampler_logp"].tolist() == [[0, 0, 0, 0, -0.25]]
 
 
 def test_retries_only_connection_errors_and_5xx_and_model_info_is_the_endpoint():
