@@ -11,9 +11,8 @@ from flax import nnx
 
 from bat_jax import serve, workflow
 from bat_jax.model import ModelConfig, build_model, save_pretrained
-from bat_jax.rollout.engine import Completion
 from bat_jax.rollout.jax_engine import JaxEngine, JaxEngineConfig
-from bat_jax.rollout.openai_chat import chat_answer
+from bat_jax.rollout.openai_chat import assistant_turn
 from bat_jax.rollout.sglang_launcher import ServerProcess, free_port
 
 MAX_LEN = 2048
@@ -38,7 +37,7 @@ def url(model, tokenizer, chat):
                                             decode_block=8))
   app = serve.ServeApp(serve.ServedModel(engine=engine, model_path="/ckpt/tiny-policy",
                                          load=lambda p: None, tokenizer=tokenizer,
-                                         chat_format=chat))
+                                         chat_format=chat, graphdef=nnx.split(model)[0]))
   httpd, base = serve.serve_in_thread(app)
   yield base
   httpd.shutdown()
@@ -53,7 +52,7 @@ BAD_REQUESTS = [
     ("POST", "/generate", {"input_ids": [1], "sampling_params": {"temperature": -1}}, 400,
      "sampling_params.temperature"),
     ("POST", "/generate", {"input_ids": [1], "sampling_params": {"top_q": 1}}, 400,
-     "unknown field(s) ['top_q']"),
+     "does not accept field(s) ['top_q']"),
     ("POST", "/generate", {"input_ids": [1], "priority": 1}, 400,
      "does not accept field(s) ['priority']"),
     ("POST", "/generate", {"input_ids": [1] * MAX_LEN}, 400,
@@ -63,7 +62,7 @@ BAD_REQUESTS = [
     ("POST", "/generate", {"input_ids": [10 ** 6]}, 400, "outside [0,"),
     ("POST", "/generate", {"input_ids": [1], "stream": True}, 400, "stream = true"),
     ("POST", "/generate", {"input_ids": [1], "rid": ["a", "b"]}, 400, "rid must be a string"),
-    ("POST", "/generate", {"input_ids": [[1], [2]], "rid": ["a"]}, 400, "rid must be one id"),
+    ("POST", "/generate", {"input_ids": [[1], [2]], "rid": ["a"]}, 400, "rid must be one string per prompt"),
     ("GET", "/v2/generate", None, 404, "unknown endpoint GET /v2/generate"),
     ("POST", "/update_weights_from_disk", {}, 400, "model_path must be a non-empty string"),
     ("POST", "/update_weights_from_disk", {"model_path": "/no/such/ckpt"}, 400,
@@ -73,8 +72,8 @@ BAD_REQUESTS = [
     ("POST", "/v1/chat/completions", {"messages": []}, 400, "messages must be a non-empty list"),
     ("POST", "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400,
      "messages[0].role = 'robot'"),
-    ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2},
-     400, "n = 2"),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 0},
+     400, "n = 0"),
     ("POST", "/v1/chat/completions", {"messages": [
         {"role": "user", "content": "x"},
         {"role": "assistant", "tool_calls": [{"function": {"name": "execute_code",
@@ -96,15 +95,17 @@ def test_bad_requests_are_refused_naming_the_field(url, method, path, body, stat
 
 def test_generate_text_batch_and_logprob_entries(url, tokenizer):
   body = {"text": ["plan the stage", "run the case"], "return_logprob": True,
+          "return_text_in_logprobs": True,
           "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
   answers = httpx.post(f"{url}/generate", json=body, timeout=60).json()
+  assert isinstance(answers, list), answers
   assert len(answers) == 2
   for a in answers:
     meta = a["meta_info"]
     assert meta["completion_tokens"] == 4 and meta["finish_reason"]["type"] == "length"
     assert [e[1] for e in meta["output_token_logprobs"]] == a["output_ids"]
     assert all(e[0] <= 0 and isinstance(e[2], str) for e in meta["output_token_logprobs"])
-    assert a["text"] == tokenizer.decode(a["output_ids"])
+    assert a["text"] == tokenizer.decode(a["output_ids"], skip_special_tokens=True)
   info = httpx.get(f"{url}/get_model_info").json()
   assert info["model_path"] == "/ckpt/tiny-policy" and info["max_total_tokens"] == MAX_LEN
   assert httpx.get(f"{url}/health").status_code == 200
@@ -132,25 +133,28 @@ def test_chat_completions_with_tools_answers_openai_shape(url):
   assert out["usage"]["prompt_tokens"] > 20
 
 
-def test_chat_answer_returns_parsed_tool_calls(chat, tokenizer):
+def test_assistant_turn_returns_parsed_tool_calls(chat, tokenizer):
   action = {"name": workflow.TOOL_NAME, "thought": "Check the inputs.",
             "arguments": {"language": "python", "code": "print(open('task/spec.json').read())"}}
   ids = chat.encode_action(action)
-  answer = chat_answer(Completion(tuple(ids), (-0.1,) * len(ids), "stop", 10), tokenizer, chat,
-                       model_name="tiny")
-  choice = answer["choices"][0]
-  assert choice["finish_reason"] == "tool_calls"
-  [call] = choice["message"]["tool_calls"]
+  message, finish = assistant_turn(chat.decode(ids), tokenizer.decode(ids), chat,
+                                   parse_tools=True, cut_at_length=False)
+  assert finish == "tool_calls"
+  [call] = message["tool_calls"]
   assert call["function"]["name"] == workflow.TOOL_NAME
   assert json.loads(call["function"]["arguments"]) == action["arguments"]
-  assert choice["message"]["content"] == "Check the inputs."
+  assert message["content"] == "Check the inputs."
+  # The same text with a broken call comes back as text, finish "stop".
+  broken = chat.decode(ids).replace("</function>", "")
+  message, finish = assistant_turn(broken, broken, chat, parse_tools=True, cut_at_length=False)
+  assert finish == "stop" and "tool_calls" not in message and message["content"] == broken
 
 
 def test_cli_refuses_a_missing_checkpoint(capsys):
   with pytest.raises(SystemExit) as exit_info:
     serve.main(["--checkpoint=/no/such/dir", "--port=1"])
   assert exit_info.value.code == 2
-  assert "--checkpoint '/no/such/dir' is not a directory" in capsys.readouterr().err
+  assert "--model-path '/no/such/dir' is not a directory" in capsys.readouterr().err
 
 
 def test_cli_serves_a_checkpoint_under_the_launcher(model, tokenizer_dir, tmp_path):

@@ -208,6 +208,7 @@ class GrpoRound:
         self._serve_current(step)
         items = [RolloutItem.from_row(r) for r in rows]
         trajectories = self.agent_loop.run(items, cfg.grpo.group_size)
+        self.server.rollouts_done()  # SGLang may free its GPU memory for the train step
         batch, stats = rollout_batch(trajectories, max_len=self.max_len, cfg=self.loss_cfg,
                                      pad_id=self.chat.endoftext_id)
         t1 = time.monotonic()

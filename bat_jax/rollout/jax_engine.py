@@ -15,9 +15,9 @@ model contract leaves their state untouched, so every compiled function sees the
   token) that stops early when every row is done; one compilation.
 * `reset`: zeroes the state of the rows that start a new conversation.
 
-Reported logprobs are log softmax at temperature 1 over the full vocabulary, computed from
-`model.hidden_states` and `model.unembed_kernel()` exactly like the trainer; see
-`bat_jax.rollout.sampling` for what temperature / top-k / top-p change.
+Reported logprobs are log softmax(logits / T) over the full vocabulary (T = 1 for greedy), the
+distribution the sampler drew from, with logits from `model.hidden_states` and
+`model.unembed_kernel()` exactly like the trainer; see `bat_jax.rollout.sampling`.
 
 Params are swapped in place (`update_params`); cached sessions are dropped because their
 state was computed with the old weights (SGLang flushes its cache for the same reason).
@@ -190,9 +190,12 @@ class JaxEngine:
     if len(input_ids) == 0:
       raise ValueError(f"{field} is empty")
     if len(input_ids) >= self.config.max_len:
+      # SGLang 0.5.23's wording (TokenizerManager._validate_one_request), so `bat_jax.serve`'s
+      # HTTP 400 reads like SGLang's and the client maps both to PromptTooLongError.
       raise PromptTooLongError(
-          f"{field} has {len(input_ids)} tokens; this engine holds at most "
-          f"{self.config.max_len} per sequence (prompt + generation), so the prompt must be "
+          f"The input ({len(input_ids)} tokens) is longer than the model's context length "
+          f"({self.config.max_len} tokens): {field} has {len(input_ids)} tokens and a "
+          f"sequence holds prompt + generation, so the prompt must be "
           f"<= {self.config.max_len - 1}")
     bad = [t for t in input_ids if not 0 <= int(t) < self.vocab_size]
     if bad:
@@ -259,14 +262,16 @@ class JaxEngine:
     temperature = np.ones(cfg.num_slots, np.float32)
     top_p = np.ones(cfg.num_slots, np.float32)
     top_k = np.full(cfg.num_slots, -1, np.int32)
+    min_p = np.zeros(cfg.num_slots, np.float32)
     stop_ids = np.full((cfg.num_slots, cfg.max_stop_ids), -1, np.int32)
     budget = np.zeros(cfg.num_slots, np.int32)
     for (s, _), req in zip(plan, wave):
       sp = req.sampling
-      temperature[s], top_p[s], top_k[s] = sp.temperature, sp.top_p, sp.top_k
+      temperature[s], top_p[s], top_k[s], min_p[s] = (sp.temperature, sp.top_p, sp.top_k,
+                                                      sp.min_p)
       stop_ids[s, :len(sp.stop_token_ids)] = sp.stop_token_ids
       budget[s] = min(sp.max_new_tokens, cfg.max_len - int(self._lengths[s]))
-    outputs = self._decode_all(rows, budget, temperature, top_p, top_k, stop_ids)
+    outputs = self._decode_all(rows, budget, temperature, top_p, top_k, min_p, stop_ids)
 
     completions = []
     for (s, cached), req in zip(plan, wave):
@@ -304,12 +309,12 @@ class JaxEngine:
       self._lengths += valid.sum(axis=1).astype(np.int32)
       start += chunk
 
-  def _decode_all(self, rows, budget, temperature, top_p, top_k, stop_ids
+  def _decode_all(self, rows, budget, temperature, top_p, top_k, min_p, stop_ids
                   ) -> dict[int, tuple[list[int], list[float]]]:
     """Decodes blocks until every row stopped or ran out of budget."""
     active = rows & (budget > 0)
     outputs = {int(s): ([], []) for s in np.flatnonzero(rows)}
-    args = [jnp.asarray(a) for a in (temperature, top_p, top_k, stop_ids)]
+    args = [jnp.asarray(a) for a in (temperature, top_p, top_k, min_p, stop_ids)]
     lengths, active_d, budget_d = (jnp.asarray(self._lengths), jnp.asarray(active),
                                    jnp.asarray(budget))
     while bool(np.any(active)):
@@ -367,11 +372,11 @@ def _prefill_chunk(graphdef, cfg: JaxEngineConfig, params, cache, last_logits, t
 
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3, 4))
 def _decode_block(graphdef, cfg: JaxEngineConfig, params, cache, last_logits, lengths, active,
-                  budget, temperature, top_p, top_k, stop_ids, key):
+                  budget, temperature, top_p, top_k, min_p, stop_ids, key):
   """Up to cfg.decode_block steps of sample -> logprob -> feed, stopping when no row is active.
 
   Per row [S]: lengths (tokens in the cache), active, budget (tokens it may still emit),
-  temperature / top_p / top_k; stop_ids [S, K] (-1 padded). Returns the new cache, logits,
+  temperature / top_p / top_k / min_p; stop_ids [S, K] (-1 padded). Returns the new cache, logits,
   lengths, active, budget, the emitted tokens and logprobs [S, decode_block], how many each
   row emitted [S], and the advanced key.
   """
@@ -384,8 +389,9 @@ def _decode_block(graphdef, cfg: JaxEngineConfig, params, cache, last_logits, le
     model = nnx.merge(graphdef, params)
     key, sub = jax.random.split(c["key"])
     emit = c["active"]
-    tok = sample_tokens(c["logits"], sub, temperature=temperature, top_p=top_p, top_k=top_k)
-    logp = token_logprobs(c["logits"], tok)
+    tok = sample_tokens(c["logits"], sub, temperature=temperature, top_p=top_p, top_k=top_k,
+                        min_p=min_p)
+    logp = token_logprobs(c["logits"], tok, temperature)
     # Feed every emitted token (the stop token too) so the cache holds the whole history.
     hidden, cache = model.hidden_states(tok[:, None], positions=c["lengths"][:, None],
                                         cache=c["cache"], valid=emit[:, None])

@@ -1,18 +1,16 @@
 """OpenAI chat-completions <-> model-neutral messages, for `bat_jax.serve`.
 
 OpenAI clients send assistant tool calls with `function.arguments` as a JSON *string*; the
-chat templates want a mapping. The answer carries the parsed tool calls the same way OpenAI
-does (`message.tool_calls[i].function.arguments` is a JSON string).
+chat templates want a mapping. Answers carry the parsed tool calls the same way OpenAI does
+(`message.tool_calls[i].function.arguments` is a JSON string).
 """
 
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from typing import Any, Mapping, Sequence
 
-from bat_jax.rollout.engine import Completion
 
 
 def openai_to_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
@@ -65,31 +63,32 @@ def _content_text(content: Any, i: int) -> str:
   raise ValueError(f"messages[{i}].content must be a string or a list of text parts")
 
 
-def chat_answer(completion: Completion, tokenizer: Any, chat_format: Any, *,
-                model_name: str) -> dict[str, Any]:
-  """The OpenAI `chat.completion` object for one completion."""
-  text = chat_format.decode(completion.output_ids)
-  parsed = chat_format.parse_actions(text)
-  message: dict[str, Any] = {"role": "assistant"}
-  finish = "length" if completion.finish_reason == "length" else "stop"
-  if parsed.error is None and parsed.actions:
-    message["content"] = parsed.thought or None
-    message["tool_calls"] = [
-        {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-         "function": {"name": a["name"], "arguments": json.dumps(a["arguments"],
-                                                                 ensure_ascii=False)}}
-        for a in parsed.actions]
-    finish = "tool_calls"
-  else:
-    # Malformed or plain text: hand back the raw text (special tokens stripped).
-    message["content"] = tokenizer.decode(list(completion.output_ids), skip_special_tokens=True)
-  return {
-      "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-      "created": int(time.time()), "model": model_name,
-      "choices": [{"index": 0, "message": message, "finish_reason": finish,
-                   "logprobs": None}],
-      "usage": {"prompt_tokens": completion.prompt_tokens,
-                "completion_tokens": len(completion.output_ids),
-                "total_tokens": completion.prompt_tokens + len(completion.output_ids)},
-      "system_fingerprint": completion.weight_version,
-  }
+def assistant_turn(special_text: str, plain_text: str, chat_format: Any, *, parse_tools: bool,
+                   cut_at_length: bool) -> tuple[dict[str, Any], str]:
+  """OpenAI `message` and `finish_reason` of one generated assistant turn.
+
+  Tool calls are read by `chat_format.parse_actions`, the parser the training rollouts use. A
+  well-formed call gives `tool_calls` (arguments as a JSON string, as OpenAI) and finish
+  "tool_calls"; anything else, a malformed call included, is plain text with finish "stop"
+  ("length" when the token limit cut it).
+
+  Args:
+    special_text: the turn decoded with special tokens kept (what the parser reads).
+    plain_text: the turn decoded without special tokens (the text answer).
+    chat_format: a ChatFormat whose tools are the request's tools.
+    parse_tools: False for requests without tools or with tool_choice "none".
+    cut_at_length: generation ended at the token limit.
+  """
+  if parse_tools:
+    parsed = chat_format.parse_actions(special_text)
+    if parsed.error is None and parsed.actions:
+      return {"role": "assistant", "content": parsed.thought or None,
+              "tool_calls": [tool_call(a["name"], a["arguments"]) for a in parsed.actions]
+              }, "tool_calls"
+  return {"role": "assistant", "content": plain_text}, "length" if cut_at_length else "stop"
+
+
+def tool_call(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+  """One OpenAI `tool_calls` entry."""
+  return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+          "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}

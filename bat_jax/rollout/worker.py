@@ -14,7 +14,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Optional, Sequence
 
-from bat_jax.rollout.engine import Completion, Engine, GenerateRequest
+from bat_jax.rollout.engine import Completion, Engine, GenerateRequest, PromptTooLongError
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +89,12 @@ class EngineWorker:
       if len(live) == 1:
         live[0][1].set_exception(e)
         return
-      # Isolate the bad request: the others must not fail with it.
-      log.exception("batched generate failed; retrying %d requests one by one", len(live))
+      # Isolate the bad request: the others must not fail with it. A prompt past the context
+      # is expected near the end of a conversation, not a fault.
+      if isinstance(e, PromptTooLongError):
+        log.info("a prompt is too long (%s); retrying %d requests one by one", e, len(live))
+      else:
+        log.exception("batched generate failed; retrying %d requests one by one", len(live))
       for r, f in live:
         try:
           f.set_result(self.engine.generate([r])[0])

@@ -22,9 +22,9 @@ def _env(cache: pathlib.Path) -> dict:
           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 
-def _run_until(workdir, env, reached, timeout_s=900.0) -> bool:
+def _run_until(workdir, env, reached, timeout_s=900.0, driver=DRIVER) -> bool:
   """Starts the driver; SIGKILLs it once `reached()` holds. Returns whether it was killed."""
-  proc = subprocess.Popen([sys.executable, str(DRIVER), str(workdir)], env=env, cwd=ROOT,
+  proc = subprocess.Popen([sys.executable, str(driver), str(workdir)], env=env, cwd=ROOT,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   deadline = time.monotonic() + timeout_s
   while proc.poll() is None:

@@ -1,14 +1,17 @@
-"""Against a real SGLang server (GPU only; needs `pip install -r requirements-cuda12.txt`).
+"""Against a real SGLang server (GPU only; `bash .ci/run --setup-only --gpu` makes its venv).
 
-Launches `python -m sglang.launch_server` on a tiny random Qwen3 checkpoint written by
-`bat_jax.model.save_pretrained`, then checks the client protocol end to end: SGLang's returned
-logprobs equal the trainer's recomputation for the same tokens, and a weight sync through
+Launches `<.venv-sglang>/bin/python -m sglang.launch_server` (or `$BAT_SGLANG_PYTHON`) on a tiny
+random Qwen3 checkpoint written by `bat_jax.model.save_pretrained`, then checks the client
+protocol end to end: SGLang's returned logprobs at temperature 0.7 equal the trainer's
+recomputation at logits / 0.7 for the same tokens, and a weight sync through
 `update_weights_from_disk` changes the outputs and the reported version.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +26,8 @@ from bat_jax.rollout import (SamplingParams, SGLangClient, SGLangEngine, SGLangL
 from bat_jax.rollout.engine import GenerateRequest
 
 pytestmark = pytest.mark.gpu
+SGLANG_PYTHON = pathlib.Path(os.environ.get(
+    "BAT_SGLANG_PYTHON", pathlib.Path(__file__).resolve().parents[2] / ".venv-sglang/bin/python"))
 
 
 def qwen3_model(vocab_size: int, seed: int):
@@ -37,21 +42,23 @@ def qwen3_model(vocab_size: int, seed: int):
 
 
 def test_real_sglang_generate_logprobs_and_weight_sync(tokenizer_dir, tokenizer, tmp_path):
-  pytest.importorskip("sglang")
+  if not SGLANG_PYTHON.is_file():
+    pytest.skip(f"no SGLang interpreter at {SGLANG_PYTHON} (bash .ci/run --setup-only --gpu)")
   model = qwen3_model(len(tokenizer), 0)
   save_pretrained(model, tmp_path / "v0", tokenizer_dir=tokenizer_dir)
-  cfg = SGLangLaunchConfig(model_path=str(tmp_path / "v0"), port=free_port(),
-                           mem_fraction_static=0.3,
-                           extra_args=("--dtype", "float32", "--disable-cuda-graph"))
+  cfg = SGLangLaunchConfig(model_path=str(tmp_path / "v0"), port=free_port(), dtype="float32",
+                           mem_fraction_static=0.3, python=str(SGLANG_PYTHON),
+                           extra_args=("--disable-cuda-graph",))
   prompt = [5, 17, 99, 3, 250, 41, 7]
   greedy = SamplingParams(max_new_tokens=16, temperature=0.0)
   with ServerProcess.sglang(cfg, tmp_path / "sglang.log", startup_timeout_s=900) as server:
     engine = SGLangEngine(server.base_url)
     try:
       before = engine.generate([GenerateRequest(prompt, greedy)])[0]
-      sampled = engine.generate([GenerateRequest(prompt, SamplingParams(max_new_tokens=16))])[0]
+      sampled = engine.generate([GenerateRequest(prompt, SamplingParams(
+          max_new_tokens=16, temperature=0.7))])[0]
       seq = prompt + list(sampled.output_ids)
-      logp, _ = taken_token_logprobs(model, jnp.asarray([seq], jnp.int32))
+      logp, _ = taken_token_logprobs(model, jnp.asarray([seq], jnp.int32), temperature=0.7)
       np.testing.assert_allclose(sampled.logprobs, np.asarray(logp[0, len(prompt):]),
                                  atol=2e-3)
       other = qwen3_model(len(tokenizer), 1)

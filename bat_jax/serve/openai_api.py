@@ -1,0 +1,302 @@
+"""OpenAI-compatible `/v1/models` and `/v1/chat/completions` (plain and streamed) for serve."""
+
+from __future__ import annotations
+
+import functools
+import json
+import queue
+import re
+import time
+import uuid
+from http import HTTPStatus
+from typing import Any, Callable, Iterator, Optional
+
+from bat_jax.rollout.openai_chat import assistant_turn, openai_to_messages, tool_call
+from bat_jax.serve import params as P
+from bat_jax.serve.params import RequestError, Sampling
+from bat_jax.serve.scheduler import Job
+from bat_jax.serve.text import CALL_OPEN, StreamText, trim_at_stop
+
+CHAT_FIELDS = frozenset({
+    "model", "messages", "tools", "tool_choice", "max_tokens", "max_completion_tokens",
+    "temperature", "top_p", "top_k", "min_p", "n", "stream", "stream_options", "stop", "seed",
+    "user", "parallel_tool_calls", "logprobs", "top_logprobs", "frequency_penalty",
+    "presence_penalty", "logit_bias", "response_format"})
+_ONLY_DEFAULT = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "logit_bias": None}
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+MAX_TOOLS = 128
+
+
+class OpenAIChat:
+  """The OpenAI endpoints over a ServeApp."""
+
+  def __init__(self, app):
+    self.app = app
+
+  def models(self) -> dict:
+    served = self.app.served
+    return {"object": "list", "data": [{
+        "id": served.name, "object": "model", "created": 0, "owned_by": "bat-jax",
+        "root": served.model_path, "max_model_len": served.engine.config.max_len}]}
+
+  def chat_completions(self, body: Any, client_gone: Callable[[], bool]) -> Any:
+    body = P.obj(body, "request body")
+    P.no_unknown(body, CHAT_FIELDS, "/v1/chat/completions")
+    fmt = self.app.served.chat_format
+    if fmt is None:
+      raise RequestError("this checkpoint has no tokenizer, so /v1/chat/completions is off")
+    name = self.app.served.name
+    if body.get("model") not in (None, "default", name, self.app.served.model_path):
+      raise RequestError(f"unknown model {P.brief(body.get('model'))}; this server serves "
+                         f"{name!r} (GET /v1/models)", HTTPStatus.NOT_FOUND)
+    P.only_default(body, _ONLY_DEFAULT, "")
+    fmt_req, tools, parse_tools, forced = self._tools(body, fmt)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+      raise RequestError("messages must be a non-empty list")
+    try:
+      prompt = fmt_req.encode_prompt(openai_to_messages(messages), tools)
+    except RequestError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  # templates raise many kinds
+      raise RequestError(f"messages could not be rendered: {type(e).__name__}: {e}"[:2000])
+    prompt = prompt + fmt.encode(forced)
+    self.app.served.engine.check_prompt(prompt, "messages")
+    sampling = self._sampling(body, fmt)
+    stream = P.boolean(body.get("stream", False) or False, "stream")
+    usage_chunk = False
+    if body.get("stream_options") is not None:
+      opts = P.obj(body["stream_options"], "stream_options")
+      P.no_unknown(opts, {"include_usage", "continuous_usage_stats"}, "stream_options")
+      usage_chunk = P.boolean(opts.get("include_usage", False), "stream_options.include_usage")
+    jobs = [Job(tuple(prompt), sampling, index=j) for j in range(sampling.n)]
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
+    ctx = _Ctx(fmt_req, parse_tools, forced, body.get("logprobs") is True, head)
+    if stream:
+      self.app.check_available()
+      return self._stream(jobs, ctx, usage_chunk)
+    self.app.run(jobs, client_gone)
+    return self._answer(jobs, ctx)
+
+  # -- request parts ----------------------------------------------------------------------------
+
+  def _tools(self, body: dict, fmt) -> tuple[Any, list, bool, str]:
+    """(ChatFormat for the request's tools, tools to render, parse tool calls?, forced text)."""
+    tools = body.get("tools")
+    tools = [] if tools is None else tools
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+      raise RequestError(f"tools must be a list of at most {MAX_TOOLS} tools")
+    for i, tool in enumerate(tools):
+      _check_tool(tool, f"tools[{i}]")
+    choice = body.get("tool_choice")
+    choice = ("auto" if tools else "none") if choice is None else choice
+    if body.get("parallel_tool_calls") is not None:
+      P.boolean(body["parallel_tool_calls"], "parallel_tool_calls")
+    if choice == "none":
+      return fmt, [], False, ""
+    if not tools:
+      raise RequestError(f"tool_choice = {P.brief(choice)} needs tools")
+    if choice == "auto":
+      return _format_for(fmt, json.dumps(tools, sort_keys=True)), tools, True, ""
+    if choice == "required":
+      raise RequestError("tool_choice = 'required' is not supported by bat_jax.serve "
+                         "(use 'auto' or name a function)")
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    if not (isinstance(choice, dict) and choice.get("type") == "function"
+            and isinstance(fn, dict) and isinstance(fn.get("name"), str)):
+      raise RequestError(f"tool_choice must be 'auto', 'none' or {{'type': 'function', "
+                         f"'function': {{'name': ...}}}}, got {P.brief(choice)}")
+    named = [t for t in tools if t["function"]["name"] == fn["name"]]
+    if not named:
+      raise RequestError(f"tool_choice names {fn['name']!r}, which is not in tools")
+    fmt_one = _format_for(fmt, json.dumps(named, sort_keys=True))
+    return fmt_one, named, True, _forced_call_prefix(fmt_one, fn["name"])
+
+  def _sampling(self, body: dict, fmt) -> Sampling:
+    g = lambda k, default: default if body.get(k) is None else body[k]  # noqa: E731
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    top_n = 0
+    if g("logprobs", False):
+      P.boolean(body["logprobs"], "logprobs")
+      top_n = P.integer(g("top_logprobs", 0), "top_logprobs", lo=0, hi=P.MAX_TOP_LOGPROBS)
+    elif body.get("top_logprobs"):
+      raise RequestError("top_logprobs needs logprobs = true")
+    if body.get("seed") is not None:
+      P.integer(body["seed"], "seed", lo=-(1 << 63), hi=(1 << 64) - 1)
+    if body.get("user") is not None and not isinstance(body["user"], str):
+      raise RequestError("user must be a string")
+    fmt_ok = body.get("response_format")
+    if fmt_ok is not None and fmt_ok != {"type": "text"}:
+      raise RequestError("response_format: only {'type': 'text'} is supported")
+    top_k = P.integer(g("top_k", -1), "top_k", lo=-1, hi=1 << 30)
+    if top_k == 0:
+      raise RequestError("top_k = 0 is invalid: expected -1 (off) or >= 1")
+    temperature = P.number(g("temperature", 1.0), "temperature", lo=0.0, hi=100.0)
+    sampling = Sampling(
+        temperature=0.0 if temperature < P.GREEDY_EPS else temperature,
+        top_p=P.number(g("top_p", 1.0), "top_p", lo=0.0, hi=1.0, lo_open=True), top_k=top_k,
+        min_p=P.number(g("min_p", 0.0), "min_p", lo=0.0, hi=1.0),
+        max_new_tokens=None if max_tokens is None else P.integer(
+            max_tokens, "max_completion_tokens" if "max_completion_tokens" in body
+            else "max_tokens", lo=1, hi=1 << 30),
+        stop=P.stop_strings(body.get("stop"), "stop"), stop_token_ids=fmt.stop_token_ids,
+        n=P.integer(g("n", 1), "n", lo=1, hi=P.MAX_N), top_logprobs=top_n)
+    P.check_stop_ids(sampling, self.app.max_stop_ids, "stop")
+    return sampling
+
+  # -- answers ----------------------------------------------------------------------------------
+
+  def _choice_message(self, job: Job, ctx: "_Ctx") -> tuple[dict, str]:
+    tok = ctx.fmt.tokenizer
+    special = ctx.forced + trim_at_stop(ctx.fmt.decode(job.out_ids), job.finish)
+    plain = ctx.forced + trim_at_stop(tok.decode(job.out_ids, skip_special_tokens=True),
+                                      job.finish)
+    return assistant_turn(special, plain, ctx.fmt, parse_tools=ctx.parse_tools,
+                          cut_at_length=job.finish["type"] == "length")
+
+  def _answer(self, jobs: list[Job], ctx: "_Ctx") -> dict:
+    choices = []
+    for job in jobs:
+      message, finish = self._choice_message(job, ctx)
+      choices.append({"index": job.index, "message": message, "finish_reason": finish,
+                      "logprobs": self._logprobs(job, 0, ctx) if ctx.logprobs else None})
+    return {**ctx.head, "object": "chat.completion", "choices": choices,
+            "usage": _usage(jobs), "system_fingerprint": jobs[0].weight_version}
+
+  def _logprobs(self, job: Job, start: int, ctx: "_Ctx", end: Optional[int] = None) -> dict:
+    tok = ctx.fmt.tokenizer
+    entry = lambda t, lp: {"token": (w := tok.decode([t])), "logprob": lp,  # noqa: E731
+                           "bytes": list(w.encode("utf-8"))}
+    content = []
+    for i in range(start, len(job.out_ids) if end is None else end):
+      item = entry(job.out_ids[i], job.logprobs[i])
+      item["top_logprobs"] = ([entry(t, lp) for t, lp in job.top_logprobs[i]]
+                              if job.top_logprobs else [])
+      content.append(item)
+    return {"content": content, "refusal": None}
+
+  def _stream(self, jobs: list[Job], ctx: "_Ctx", usage_chunk: bool) -> Iterator[dict]:
+    """Chunks of `chat.completion.chunk`; closing the iterator cancels the jobs."""
+    sink: queue.Queue = queue.Queue()
+    for job in jobs:
+      job.sink = sink
+    tok = ctx.fmt.tokenizer
+    # A forced call (named tool_choice) is all call: nothing of it streams as content.
+    texts = [StreamText(tok, stops=j.sampling.stop, hold_tool_calls=ctx.parse_tools,
+                        hold_all=bool(ctx.forced)) for j in jobs]
+    chunk = lambda choices, **kw: {**ctx.head, "object": "chat.completion.chunk",  # noqa: E731
+                                   "system_fingerprint": jobs[0].weight_version or None,
+                                   "choices": choices, **kw}
+    delta = lambda i, d, finish=None, lp=None: {"index": i, "delta": d,  # noqa: E731
+                                                "logprobs": lp, "finish_reason": finish}
+    self.app.scheduler.submit(jobs)
+    try:
+      yield chunk([delta(j.index, {"role": "assistant", "content": ""})
+                   for j in jobs])
+      live, seen = len(jobs), [0] * len(jobs)
+      while live:
+        try:
+          i, new_ids, _ = sink.get(timeout=1.0)
+        except queue.Empty:
+          continue
+        job = jobs[i]
+        if new_ids is not None:
+          text = texts[i].feed(new_ids)
+          end = len(texts[i].ids)
+          lp = None
+          if ctx.logprobs and job.top_logprobs is None and not job.sampling.top_logprobs:
+            lp = self._logprobs(job, seen[i], ctx, end)
+            seen[i] = end
+          if text or lp:
+            yield chunk([delta(i, {"content": text}, lp=lp)])
+          continue
+        live -= 1
+        yield from self._stream_end(job, texts[i], ctx, chunk, delta, seen[i])
+      if usage_chunk:
+        yield chunk([], usage=_usage(jobs))
+    finally:
+      for job in jobs:
+        job.cancel()
+
+  def _stream_end(self, job: Job, text: StreamText, ctx: "_Ctx", chunk, delta, seen: int):
+    if job.error is not None:
+      yield {"error": {"message": f"{type(job.error).__name__}: {job.error}"[:2000]}}
+      return
+    message, finish = self._choice_message(job, ctx)
+    lp = self._logprobs(job, seen, ctx) if ctx.logprobs and seen < len(job.out_ids) else None
+    if "tool_calls" in message:
+      rest = text.finish(job.finish, upto_call=True)
+      if rest or lp:
+        yield chunk([delta(job.index, {"content": rest}, lp=lp)])
+      for k, call in enumerate(message["tool_calls"]):
+        yield chunk([delta(job.index, {"tool_calls": [{
+            "index": k, "id": call["id"], "type": "function",
+            "function": {"name": call["function"]["name"], "arguments": ""}}]})])
+        yield chunk([delta(job.index, {"tool_calls": [{
+            "index": k, "function": {"arguments": call["function"]["arguments"]}}]})])
+    else:
+      rest = text.finish(job.finish)
+      if rest or lp:
+        yield chunk([delta(job.index, {"content": rest}, lp=lp)])
+    yield chunk([delta(job.index, {}, finish=finish)])
+
+
+class _Ctx:
+  """What answering one chat request needs besides its jobs."""
+
+  def __init__(self, fmt, parse_tools: bool, forced: str, logprobs: bool, head: dict):
+    self.fmt, self.parse_tools, self.forced = fmt, parse_tools, forced
+    self.logprobs, self.head = logprobs, head
+
+
+def _usage(jobs: list[Job]) -> dict:
+  completion = sum(len(j.out_ids) for j in jobs)
+  prompt = len(jobs[0].prompt)
+  return {"prompt_tokens": prompt, "completion_tokens": completion,
+          "total_tokens": prompt + completion}
+
+
+def _check_tool(tool: Any, field: str) -> None:
+  """An OpenAI function tool whose schema the parser can check arguments against."""
+  if not isinstance(tool, dict) or tool.get("type") != "function":
+    raise RequestError(f"{field} must be {{'type': 'function', 'function': {{...}}}}, got "
+                       f"{P.brief(tool)}")
+  P.no_unknown(tool, {"type", "function"}, field)
+  fn = P.obj(tool.get("function"), f"{field}.function")
+  P.no_unknown(fn, {"name", "description", "parameters", "strict"}, f"{field}.function")
+  if not isinstance(fn.get("name"), str) or not _TOOL_NAME.match(fn["name"]):
+    raise RequestError(f"{field}.function.name must match {_TOOL_NAME.pattern}, got "
+                       f"{P.brief(fn.get('name'))}")
+  if fn.get("description") is not None and not isinstance(fn["description"], str):
+    raise RequestError(f"{field}.function.description must be a string")
+  params = P.obj(fn.get("parameters", {"type": "object"}), f"{field}.function.parameters")
+  if params.get("type", "object") != "object":
+    raise RequestError(f"{field}.function.parameters.type must be 'object'")
+  props = P.obj(params.get("properties", {}), f"{field}.function.parameters.properties")
+  for key, spec in props.items():
+    P.obj(spec, f"{field}.function.parameters.properties.{key}")
+  required = params.get("required", [])
+  if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+    raise RequestError(f"{field}.function.parameters.required must be a list of strings")
+
+
+@functools.lru_cache(maxsize=32)
+def _format_cache(fmt, tools_json: str):
+  return type(fmt)(fmt.family, fmt.tokenizer, tools=json.loads(tools_json),
+                   enable_thinking=fmt.enable_thinking, max_turn_chars=fmt.max_turn_chars)
+
+
+def _format_for(fmt, tools_json: str):
+  """The served ChatFormat with the request's tools (what the parser validates against)."""
+  return _format_cache(fmt, tools_json)
+
+
+def _forced_call_prefix(fmt, name: str) -> str:
+  """Text that opens a call of `name` right after the generation prompt (tool_choice named)."""
+  close_think = "\n</think>\n\n" if fmt.enable_thinking and fmt.family == "qwen3_5" else ""
+  if fmt.family == "qwen3":
+    return f'{CALL_OPEN}\n{{"name": {json.dumps(name)}, "arguments": '
+  return f"{close_think}{CALL_OPEN}\n<function={name}>\n"
+
+
+__all__ = ["OpenAIChat", "tool_call"]
