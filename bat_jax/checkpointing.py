@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 
@@ -133,7 +134,7 @@ class Checkpointer:
 
 
 def export_hf(model: nnx.Module, path: Union[str, Path], *, params: Any = None,
-              tokenizer_dir: Optional[Union[str, Path]] = None) -> Path:
+              tokenizer_dir: Optional[Union[str, Path]] = None, dtype: Any = None) -> Path:
   """Writes HF safetensors + config.json for the rollout server, atomically.
 
   Args:
@@ -142,15 +143,23 @@ def export_hf(model: nnx.Module, path: Union[str, Path], *, params: Any = None,
     params: optional `nnx.Param` state (e.g. `TrainState.params`) to export instead of the
       module's own; the module is not modified.
     tokenizer_dir: tokenizer files to copy alongside.
+    dtype: weights' storage dtype on disk (e.g. "bfloat16" for SGLang, which maps a float32
+      config.json to float16 under `--dtype auto`); config.json's `dtype` says the same. None
+      keeps the param dtype. The fp32 master weights stay in the orbax checkpoint.
 
   Returns:
     The destination path.
   """
   from bat_jax.model import save_pretrained  # the model package owns the HF layout
 
-  if params is not None:
-    graphdef, _, rest = nnx.split(model, nnx.Param, ...)
-    model = nnx.merge(graphdef, params, rest)
+  if params is not None or dtype is not None:
+    graphdef, state, rest = nnx.split(model, nnx.Param, ...)
+    state = state if params is None else params
+    if dtype is not None:
+      state = jax.tree.map(lambda x: x.astype(dtype), state)
+    model = nnx.merge(graphdef, state, rest)  # a new module: the caller's is not modified
+    if dtype is not None:  # config.json's "dtype" follows param_dtype
+      model.config = dataclasses.replace(model.config, param_dtype=jnp.dtype(dtype))
   path = Path(path).absolute()
   if jax.process_index() != 0:
     # Multi-host: every process joins the param gather inside save_pretrained; only 0 writes.

@@ -22,6 +22,7 @@ from bat_jax.grpo.loss import validate_loss_config
 from bat_jax.model.config import SUPPORTED_MODEL_TYPES
 from bat_jax.rollout.agent_loop import RolloutLimits
 from bat_jax.rollout.engine import SamplingParams
+from bat_jax.rollout.sglang_launcher import SERVER_MODULES, SERVING_DTYPES
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.sharding import MESH_AXES
 
@@ -202,16 +203,32 @@ def _check_rollout(ck: _Checker) -> None:
       ck.fail("rollout.jax.max_len", f"{max_len} is below rollout.limits.max_context_tokens "
               f"({context}): the cache cannot hold a full trajectory")
   else:
-    ck.positive("rollout.sglang.tp_size", "rollout.sglang.dp_size",
-                "rollout.sglang.request_timeout_s")
-    ck.that("rollout.sglang.max_retries", lambda v: v >= 0, ">= 0")
-    ck.fraction("rollout.sglang.mem_fraction_static", lo_open=True)
-    ck.that("rollout.sglang.port", lambda v: 0 < v < 65536, "a TCP port")
-    if not ck.get("rollout.sglang.launch") and not ck.get("rollout.sglang.urls"):
-      ck.fail("rollout.sglang.urls", "needs at least one server URL when launch is False")
+    _check_sglang(ck)
   fraction = ck.get("distributed.xla_mem_fraction")
   if fraction is not None:
     ck.fraction("distributed.xla_mem_fraction", lo_open=True)
+
+
+def _check_sglang(ck: _Checker) -> None:
+  ck.positive("rollout.sglang.tp_size", "rollout.sglang.dp_size",
+              "rollout.sglang.request_timeout_s", "rollout.sglang.startup_timeout_s")
+  ck.that("rollout.sglang.max_retries", lambda v: isinstance(v, int) and v >= 0,
+          "an integer >= 0")
+  ck.fraction("rollout.sglang.mem_fraction_static", lo_open=True)
+  ck.that("rollout.sglang.port", lambda v: 0 <= v < 65536, "a TCP port (0: any free one)")
+  ck.one_of("rollout.sglang.server_module", SERVER_MODULES)
+  ck.one_of("rollout.sglang.dtype", SERVING_DTYPES)
+  python = ck.get("rollout.sglang.python")
+  if python is not None and not (isinstance(python, str) and python):
+    ck.fail("rollout.sglang.python", f"{python!r} must be an interpreter path or None")
+  extra = ck.get("rollout.sglang.extra_args")
+  if not all(isinstance(a, str) for a in extra):
+    ck.fail("rollout.sglang.extra_args", f"{extra!r} must be a list of strings")
+  if ck.get("rollout.sglang.server_module") == "bat_jax.serve" and ck.get(
+      "rollout.sglang.dp_size") != 1:
+    ck.fail("rollout.sglang.dp_size", "bat_jax.serve runs one replica: use 1")
+  if not ck.get("rollout.sglang.launch") and not ck.get("rollout.sglang.urls"):
+    ck.fail("rollout.sglang.urls", "needs at least one server URL when launch is False")
 
 
 def _check_services(ck: _Checker) -> None:

@@ -159,12 +159,25 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.sglang = ml_collections.ConfigDict()
   c.rollout.sglang.launch = True         # start servers; False: connect to `urls`
   c.rollout.sglang.urls = ()             # e.g. ("http://host:30000",) when launch is False
-  c.rollout.sglang.port = 30000
+  # sglang.launch_server (GPU) | bat_jax.serve (our server over the JAX engine, same flags).
+  c.rollout.sglang.server_module = "sglang.launch_server"
+  # The server's interpreter: SGLang 0.5.23 needs its own venv (`bash .ci/run --setup-only
+  # --gpu` makes .venv-sglang). None: this interpreter (right for bat_jax.serve).
+  c.rollout.sglang.python = config_dict.placeholder(str)
+  c.rollout.sglang.port = 30000          # 0: any free port
+  c.rollout.sglang.dtype = "bfloat16"    # --dtype, and the dtype of the exported weights
+  # SGLang 0.5.23: a fraction of the GPU memory FREE when the server starts (after the JAX
+  # trainer took distributed.xla_mem_fraction), for weights + KV pool.
   c.rollout.sglang.mem_fraction_static = 0.5
+  # Free the server's weights + KV (/release_memory_occupation) for each train step and take
+  # them back (/resume_memory_occupation) before the weight sync; adds --enable-memory-saver.
+  c.rollout.sglang.release_memory = False
   c.rollout.sglang.tp_size = 1
   c.rollout.sglang.dp_size = 8
+  c.rollout.sglang.extra_args = ()       # more launch flags, e.g. ("--num-slots", "8")
+  c.rollout.sglang.startup_timeout_s = 900.0
   c.rollout.sglang.request_timeout_s = 600.0
-  c.rollout.sglang.max_retries = 5
+  c.rollout.sglang.max_retries = 5       # connection errors and 5xx, exponential backoff
 
   c.sandbox = ml_collections.ConfigDict()
   c.sandbox.wall_s = 30.0
@@ -234,7 +247,9 @@ def reference_gpu_config(arg: Optional[str], default_ckpt: str) -> ml_collection
     c.distributed.num_processes = arg.hosts
   c.distributed.xla_mem_fraction = 0.45
   c.rollout.engine = "sglang"
-  c.rollout.sglang.mem_fraction_static = 0.45
+  c.rollout.sglang.python = ".venv-sglang/bin/python"
+  # Of the 55% JAX leaves free: weights + KV get 0.85 * 0.55 = 47% of each GPU.
+  c.rollout.sglang.mem_fraction_static = 0.85
   c.rollout.sglang.tp_size = 1
   c.rollout.sglang.dp_size = 8
   c.lock()

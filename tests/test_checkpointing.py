@@ -1,11 +1,14 @@
 """Orbax checkpoints: full round trip, retention, atomic latest, errors, HF export."""
 
+import json
 import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+import safetensors
 
 from bat_jax.checkpointing import Checkpointer, export_hf
 from bat_jax.grpo import OptimizerConfig, init_train_state, make_optimizer, split_model
@@ -81,3 +84,19 @@ def test_export_hf_writes_trained_params_atomically(tmp_path):
   for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(own)):
     np.testing.assert_array_equal(got, want)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_export_hf_in_bf16_for_the_rollout_server(tmp_path):
+  """SGLang reads config.json's dtype (float32 would be served as float16): the rollout export
+  is bf16 on disk and says so, the module keeps its fp32 params."""
+  model = tiny_model(0)
+  out = export_hf(model, tmp_path / "hf", dtype="bfloat16")
+  config = json.loads((out / "config.json").read_text())
+  assert config["dtype"] == "bfloat16"
+  with safetensors.safe_open(str(out / "model.safetensors"), "np") as f:
+    assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+  _, own, _ = split_model(model)
+  assert {x.dtype for x in jax.tree.leaves(own)} == {np.dtype("float32")}
+  _, loaded, _ = split_model(load_pretrained(out))
+  for got, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(own)):
+    np.testing.assert_array_equal(got, np.asarray(want).astype(jnp.bfloat16).astype(np.float32))

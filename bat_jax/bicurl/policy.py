@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
@@ -29,8 +30,9 @@ from bat_jax.evaluator.evaluate import EvalSettings, evaluate
 from bat_jax.evaluator.external import ExternalEvaluator
 from bat_jax.evaluator.report import require_complete
 from bat_jax.rollout import (AgentTurn, Completion, Engine, GenerateRequest, JaxEngine,
-                             JaxEngineConfig, PolicyAgent, PromptTooLongError, SamplingParams,
-                             SGLangEngine, SGLangLaunchConfig, ServerProcess)
+                             JaxEngineConfig, PolicyAgent, PromptTooLongError, RetryPolicy,
+                             SamplingParams, SGLangEngine, SGLangLaunchConfig, ServerProcess,
+                             free_port)
 from bat_jax.rollout.worker import EngineWorker
 from bat_jax.io_utils import atomic_write_json
 
@@ -46,6 +48,10 @@ class PolicyServer(Protocol):
 
   def reseed(self, seed: int) -> None:
     """Restarts the sampler's random stream (in-process engine only)."""
+
+  def rollouts_done(self) -> None:
+    """The step's rollouts are over and the train step comes next (the server may free its
+    GPU memory until the next `load`)."""
 
   def close(self) -> None:
     ...
@@ -65,14 +71,33 @@ class JaxPolicyServer:
   def reseed(self, seed: int) -> None:
     self.engine.reseed(seed)
 
+  def rollouts_done(self) -> None:
+    pass  # the engine's cache is part of the trainer's own memory
+
   def close(self) -> None:
     pass
+
+
+def sglang_launch_config(cfg: ml_collections.ConfigDict, model_path: Path
+                         ) -> SGLangLaunchConfig:
+  """The server's launch flags from `rollout.sglang` (port 0: a free port now)."""
+  sg = cfg.rollout.sglang
+  return SGLangLaunchConfig(
+      model_path=str(model_path), port=sg.port or free_port(), dtype=sg.dtype,
+      mem_fraction_static=sg.mem_fraction_static, tp_size=sg.tp_size, dp_size=sg.dp_size,
+      context_length=cfg.rollout.limits.max_context_tokens, random_seed=cfg.seed,
+      enable_memory_saver=sg.release_memory, module=sg.server_module,
+      extra_args=tuple(sg.extra_args), python=sg.python or sys.executable)
 
 
 class SGLangPolicyServer:
   """SGLang servers with weight sync from disk after every update (`rollout.sglang`).
 
-  Rollouts are not replayable after a restart on this path (SGLang's sampler is not seeded).
+  Weights go to the server in `rollout.sglang.dtype` (bf16 by default); the fp32 master copy
+  stays with the trainer and its orbax checkpoints. With `rollout.sglang.release_memory` the
+  server frees its weights + KV pool after each step's rollouts and takes them back in the
+  next `load`, before the new weights are loaded. Rollouts are not replayable after a restart
+  on this path (SGLang's sampler is not seeded per step).
   """
 
   def __init__(self, model: nnx.Module, cfg: ml_collections.ConfigDict, export_dir: Path,
@@ -80,23 +105,35 @@ class SGLangPolicyServer:
     self.export_dir, self.tokenizer_dir = Path(export_dir), Path(tokenizer_dir)
     self.process: Optional[ServerProcess] = None
     sg = cfg.rollout.sglang
+    self.dtype, self.release_memory = sg.dtype, sg.release_memory
+    self.memory_released = False
     if sg.launch:
-      export_hf(model, self.export_dir, tokenizer_dir=self.tokenizer_dir)
-      launch = SGLangLaunchConfig(model_path=str(self.export_dir), port=sg.port,
-                                  mem_fraction_static=sg.mem_fraction_static,
-                                  tp_size=sg.tp_size, dp_size=sg.dp_size)
-      self.process = ServerProcess.sglang(launch, log_path).start()
+      self._export(model, self.export_dir)
+      self.process = ServerProcess.sglang(
+          sglang_launch_config(cfg, self.export_dir), log_path,
+          startup_timeout_s=sg.startup_timeout_s).start()
       url = self.process.base_url
     else:
       url = sg.urls[0]
-    self.engine = SGLangEngine(url, timeout_s=sg.request_timeout_s)
+    self.engine = SGLangEngine(url, timeout_s=sg.request_timeout_s,
+                               retry=RetryPolicy(max_retries=sg.max_retries))
+
+  def _export(self, model: nnx.Module, directory: Path) -> None:
+    export_hf(model, directory, tokenizer_dir=self.tokenizer_dir, dtype=self.dtype)
 
   def load(self, model: nnx.Module, version: str) -> None:
-    self.engine.sync_weights(lambda d: export_hf(model, d, tokenizer_dir=self.tokenizer_dir),
-                             self.export_dir, version)
+    if self.memory_released:  # weights must be resident again before they are replaced
+      self.engine.resume_memory()
+      self.memory_released = False
+    self.engine.sync_weights(lambda d: self._export(model, d), self.export_dir, version)
 
   def reseed(self, seed: int) -> None:
     del seed
+
+  def rollouts_done(self) -> None:
+    if self.release_memory and not self.memory_released:
+      self.engine.release_memory()
+      self.memory_released = True
 
   def close(self) -> None:
     self.engine.close()

@@ -10,19 +10,21 @@ from bat_jax.rollout.engine import (FINISH_REASONS, Completion, Engine, Generate
                                     PromptTooLongError, SamplingParams)
 from bat_jax.rollout.jax_engine import JaxEngine, JaxEngineConfig
 from bat_jax.rollout.replay_engine import ScriptedEngine
-from bat_jax.rollout.sglang_client import (ProtocolError, RequestRejectedError, RetryPolicy,
+from bat_jax.rollout.sglang_client import (ContextLengthExceededError, ProtocolError,
+                                           RequestRejectedError, RetryPolicy,
                                            SGLangClient, SGLangEngine, SGLangError,
                                            ServerUnavailableError, WeightSyncTimes, sync_weights)
 from bat_jax.rollout.sglang_launcher import (SGLangLaunchConfig, ServerProcess, ServerStartError,
                                              free_port, sglang_command)
-from bat_jax.rollout.trajectory import Trajectory, collate, group_by_state
+from bat_jax.rollout.trajectory import (UNTRAINABLE_FINISH_REASONS, Trajectory, collate,
+                                        group_by_state)
 
 __all__ = [
-    "AgentLoop", "AgentTurn", "Completion", "Engine", "Environment", "FINISH_REASONS",
+    "AgentLoop", "AgentTurn", "Completion", "ContextLengthExceededError", "Engine", "Environment", "FINISH_REASONS",
     "GenerateRequest", "JaxEngine", "JaxEngineConfig", "PolicyAgent", "PromptTooLongError",
     "ProtocolError", "RequestRejectedError", "RetryPolicy", "RolloutItem", "RolloutLimits",
     "SGLangClient", "SGLangEngine", "SGLangError", "SGLangLaunchConfig", "SamplingParams",
     "Score", "ScriptedEngine", "ServerProcess", "ServerStartError", "ServerUnavailableError",
     "TaskEnvironment", "Trajectory", "WeightSyncTimes", "collate", "free_port", "group_by_state",
-    "sglang_command", "sync_weights", "task_environments",
+    "UNTRAINABLE_FINISH_REASONS", "sglang_command", "sync_weights", "task_environments",
 ]

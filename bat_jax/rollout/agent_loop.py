@@ -12,7 +12,10 @@ gets its observation appended as the chat template's token delta. Token-in / tok
 Malformed output (unparseable call, unknown tool, wrong arguments, over-long code, a turn cut
 at the per-turn token limit) becomes an observation saying what was wrong and the trajectory
 goes on. Failures of the infrastructure (sandbox, engine, rubric) end only the trajectory they
-hit (finish reason "error", reward 0); a rollout never crashes the batch.
+hit (finish reason "error", reward 0); a rollout never crashes the batch. A request the server
+aborted ends its trajectory as "aborted" without keeping the cut turn. Neither is
+`Trajectory.trainable`. An over-context prompt (the JAX engine's check, or SGLang's HTTP 400)
+ends the trajectory as "context_full", the policy's own outcome.
 """
 
 from __future__ import annotations
@@ -213,7 +216,7 @@ class AgentLoop:
     traj = Trajectory(state_id=item.state_id, stage=item.focus, pool=item.pool,
                       task_id=str(getattr(item.instance, "task_id", "")), sample_index=g,
                       token_ids=list(prompt), loss_mask=[0] * len(prompt),
-                      sampler_logprobs=[0.0] * len(prompt), prompt_len=len(prompt))
+                      sampler_logp=[0.0] * len(prompt), prompt_len=len(prompt))
     state = _Live(item, g, session, None, traj)
     if error is not None:
       state.finish("error", error)
@@ -241,7 +244,11 @@ class AgentLoop:
                                                 stop_token_ids=self._stop_ids),
           session_id=s.session)))
     for s, result in zip([s for s, _ in ready], self._generate([r for _, r in ready])):
-      if isinstance(result, Completion):
+      if isinstance(result, Completion) and result.finish_reason == "abort":
+        # The server cut the request (SGLang /abort_request, a weight update that aborts): not
+        # the policy ending its turn, so the partial turn is not kept and nothing is trained.
+        s.finish("aborted", f"the engine aborted the turn after {len(result.output_ids)} tokens")
+      elif isinstance(result, Completion):
         self._take_turn(s, result)
       elif isinstance(result, PromptTooLongError):
         s.finish("context_full")
@@ -270,7 +277,7 @@ class AgentLoop:
     t, lim = s.traj, self.limits
     t.token_ids += c.output_ids
     t.loss_mask += [1] * len(c.output_ids)
-    t.sampler_logprobs += c.logprobs
+    t.sampler_logp += c.logprobs
     t.num_turns += 1
     t.num_response_tokens += len(c.output_ids)
     t.weight_version = c.weight_version
@@ -327,7 +334,7 @@ class AgentLoop:
         continue
       t.token_ids += delta
       t.loss_mask += [0] * len(delta)
-      t.sampler_logprobs += [0.0] * len(delta)
+      t.sampler_logp += [0.0] * len(delta)
 
   def _call_tool(self, s: _Live, call: Mapping[str, Any]) -> str:
     args = call.get("arguments", {})
@@ -363,7 +370,7 @@ class AgentLoop:
       t.reward, t.finish_reason = 0.0, "error"
       t.error = f"rubric failed: {type(e).__name__}: {e}"
       return
-    t.reward = 0.0 if t.finish_reason == "error" else float(score.reward)
+    t.reward = float(score.reward) if t.trainable else 0.0
     t.stage_items = {k: dict(v) for k, v in score.stage_items.items()}
     t.stage_scores = dict(score.stage_scores)
     t.task_score = score.task_score

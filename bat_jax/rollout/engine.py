@@ -2,9 +2,10 @@
 
 An engine maps token ids to token ids (token-in / token-out): it never sees text. Each
 `Completion` carries exactly the sampled ids and, for each, its log-probability under the
-FULL softmax of the policy at temperature 1 -- the quantity the GRPO trainer recomputes as
-`old_logp`. Sampling knobs (temperature, top-k, top-p) change which token is drawn, not the
-reported logprob; see `bat_jax.rollout.sampling` for the consequences.
+distribution the engine sampled from: log softmax(logits / T) over the FULL vocabulary (T = 1
+for greedy) -- the quantity the GRPO trainer recomputes at the same temperature and compares as
+`sampler_logp`. top-k / top-p truncation changes which token is drawn, not the reported
+logprob; see `bat_jax.rollout.sampling`.
 
 Multi-turn conversations are continued by sending the full token history again with the same
 `session_id`: an engine that caches state (the JAX engine's slots, SGLang's radix cache) only
@@ -31,7 +32,7 @@ class SamplingParams:
     max_new_tokens: upper bound on generated tokens (the stop token included).
     temperature: 0 means greedy (argmax).
     top_p: nucleus mass in (0, 1]; 1 disables it.
-    top_k: keep the k most likely tokens; -1 (or 0) disables it.
+    top_k: keep the k most likely tokens; -1 disables it (0 is refused, as SGLang does).
     min_p: drop tokens whose probability is below min_p times the most likely one's (0: off).
     stop_token_ids: generation ends after emitting any of these (the id is kept in the output).
   """
@@ -50,8 +51,10 @@ class SamplingParams:
            self.temperature, "a number >= 0")
     _check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p,
            "a number in (0, 1]")
+    # SGLang 0.5.23: "top_k must be -1 (disable) or at least 1"; 0 is refused there, so here.
     _check(isinstance(self.top_k, int) and not isinstance(self.top_k, bool)
-           and self.top_k >= -1, "top_k", self.top_k, "an integer >= -1 (-1 disables it)")
+           and (self.top_k == -1 or self.top_k >= 1), "top_k", self.top_k,
+           "-1 (disable) or at least 1 (SGLang refuses 0)")
     _check(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", self.min_p,
            "a number in [0, 1]")
     ids = self.stop_token_ids
@@ -110,7 +113,7 @@ class Completion:
 
   Attributes:
     output_ids: sampled token ids [N] (a final stop token included).
-    logprobs: [N] log p(token | prefix) under the full softmax at temperature 1.
+    logprobs: [N] log softmax(logits / T)[token] over the full vocabulary (T = 1 if greedy).
     finish_reason: one of FINISH_REASONS.
     prompt_tokens: len(input_ids).
     cached_tokens: prompt tokens whose state was reused rather than recomputed.

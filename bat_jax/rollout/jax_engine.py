@@ -15,9 +15,9 @@ model contract leaves their state untouched, so every compiled function sees the
   token) that stops early when every row is done; one compilation.
 * `reset`: zeroes the state of the rows that start a new conversation.
 
-Reported logprobs are log softmax at temperature 1 over the full vocabulary, computed from
-`model.hidden_states` and `model.unembed_kernel()` exactly like the trainer; see
-`bat_jax.rollout.sampling` for what temperature / top-k / top-p change.
+Reported logprobs are log softmax(logits / T) over the full vocabulary (T = 1 for greedy), the
+distribution the sampler drew from, with logits from `model.hidden_states` and
+`model.unembed_kernel()` exactly like the trainer; see `bat_jax.rollout.sampling`.
 
 Params are swapped in place (`update_params`); cached sessions are dropped because their
 state was computed with the old weights (SGLang flushes its cache for the same reason).
@@ -190,9 +190,12 @@ class JaxEngine:
     if len(input_ids) == 0:
       raise ValueError(f"{field} is empty")
     if len(input_ids) >= self.config.max_len:
+      # SGLang 0.5.23's wording (TokenizerManager._validate_one_request), so `bat_jax.serve`'s
+      # HTTP 400 reads like SGLang's and the client maps both to PromptTooLongError.
       raise PromptTooLongError(
-          f"{field} has {len(input_ids)} tokens; this engine holds at most "
-          f"{self.config.max_len} per sequence (prompt + generation), so the prompt must be "
+          f"The input ({len(input_ids)} tokens) is longer than the model's context length "
+          f"({self.config.max_len} tokens): {field} has {len(input_ids)} tokens and a "
+          f"sequence holds prompt + generation, so the prompt must be "
           f"<= {self.config.max_len - 1}")
     bad = [t for t in input_ids if not 0 <= int(t) < self.vocab_size]
     if bad:
@@ -388,7 +391,7 @@ def _decode_block(graphdef, cfg: JaxEngineConfig, params, cache, last_logits, le
     emit = c["active"]
     tok = sample_tokens(c["logits"], sub, temperature=temperature, top_p=top_p, top_k=top_k,
                         min_p=min_p)
-    logp = token_logprobs(c["logits"], tok)
+    logp = token_logprobs(c["logits"], tok, temperature)
     # Feed every emitted token (the stop token too) so the cache holds the whole history.
     hidden, cache = model.hidden_states(tok[:, None], positions=c["lengths"][:, None],
                                         cache=c["cache"], valid=emit[:, None])

@@ -1,17 +1,14 @@
-"""Per-row token sampling (temperature, top-k, top-p) and the trainer's logprob quantity.
+"""Per-row token sampling (temperature, top-k, top-p) and the logprob every engine reports.
 
-Logprob semantics: `token_logprobs` is log softmax(logits) at temperature 1 over the FULL
-vocabulary, the quantity GRPO recomputes from the same params (`bat_jax.grpo.logprobs`).
-The sampler draws from a different distribution q: logits / temperature, then top-k, then
-top-p truncation, renormalised. Consequences for training:
-
-* temperature = 1, top_k = -1, top_p = 1: q equals the policy, the reported logprob is exactly
-  the behaviour logprob, and the first GRPO step is on-policy (ratio 1).
-* temperature != 1 or truncation: tokens are drawn from q but scored under the policy. Tokens
-  outside the top-p/top-k support are never drawn, so their (negative) advantage never
-  reaches the gradient, and the PPO ratio pi_new / pi_old is measured against the policy, not
-  against q. This is the usual practice (verl / slime / SGLang return the same quantity); keep
-  top_p = 1 for unbiased rollouts, or train with the matching temperature on both sides.
+Logprob contract (the same in the JAX engine, `bat_jax.serve` and SGLang 0.5.23): the reported
+logprob of a sampled token is log softmax(logits / T) over the FULL vocabulary, where T is the
+request's temperature, or 1 for greedy (T = 0). That is the distribution the sampler drew from
+before top-k / top-p truncation; SGLang's `Sampler.forward` returns exactly this
+(`log(softmax(logits / T))`, the truncated renormalisation is a local copy). The trainer
+recomputes the same quantity as log softmax(logits / T), so with equal params the two agree up
+to float error, and GRPO's truncated importance sampling (`grpo.tis_cap`) corrects for what
+is left (bf16 serving, a stale server). Truncation (top_k, top_p < 1) is not in the reported
+logprob: keep top_p = 1 and top_k = -1 for unbiased rollouts.
 """
 
 from __future__ import annotations
@@ -22,9 +19,18 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-def token_logprobs(logits: Array, tokens: Array) -> Array:
-  """log softmax(logits)[token] at temperature 1. logits [S, V] f32, tokens [S] -> [S]."""
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+def effective_temperature(temperature: Array) -> Array:
+  """The temperature of the distribution actually sampled: T, or 1 for greedy (T = 0)."""
+  return jnp.where(temperature > 0, temperature, 1.0)
+
+
+def token_logprobs(logits: Array, tokens: Array, temperature: Array) -> Array:
+  """log softmax(logits / T)[token]. logits [S, V], tokens [S], temperature [S] -> [S] f32.
+
+  T = 0 (greedy) is scored at T = 1, like SGLang.
+  """
+  scaled = logits.astype(jnp.float32) / effective_temperature(temperature)[:, None]
+  logp = jax.nn.log_softmax(scaled, axis=-1)
   return jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
 
 
@@ -46,8 +52,7 @@ def sample_tokens(logits: Array, key: Array, *, temperature: Array, top_p: Array
   """
   vocab = logits.shape[-1]
   greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  safe_t = jnp.where(temperature > 0, temperature, 1.0)
-  scaled = logits / safe_t[:, None]
+  scaled = logits / effective_temperature(temperature)[:, None]
   min_p = jnp.zeros_like(top_p) if min_p is None else min_p
 
   def unfiltered(_):

@@ -1,15 +1,27 @@
-"""Async HTTP client for an SGLang server (or `bat_jax.serve`, which speaks the same subset).
+"""Async HTTP client for an SGLang 0.5.23 server (or `bat_jax.serve`, which speaks the same subset).
 
 Protocol (DESIGN.md section 4): `POST /generate` with `input_ids`, `sampling_params`,
 `return_logprob: true` and `rid`; token ids AND logprobs are read from
 `meta_info.output_token_logprobs` (`[[logprob, token_id, text], ...]`), never re-tokenised
-from text. Weight sync = HF safetensors on local disk + `POST /update_weights_from_disk`, then
-`/flush_cache` (400 while requests are in flight: retry), then a check of the version the
-server reports.
+from text. Those logprobs are log softmax(logits / T) over the full vocabulary (greedy: T = 1),
+the same contract as every engine here (`bat_jax.rollout.sampling`). A null logprob (SGLang's
+schema allows it) becomes NaN: "unknown", never a made-up number.
 
-Transient failures (connection refused/reset, timeouts, 5xx, 503) are retried with bounded
-exponential backoff; after `max_retries` a `ServerUnavailableError` names the URL and the last
-error. A 4xx is the caller's fault and is raised at once with the server's message.
+Weight sync = HF safetensors on local disk + `POST /update_weights_from_disk`, then
+`/flush_cache` (400 while requests are in flight: retry), then a check of the version the
+server reports at `/model_info` (`/get_model_info` is deprecated in 0.5.23).
+
+Errors, as SGLang 0.5.23 answers them:
+
+* an over-context prompt is HTTP 400 whose message says so (`TokenizerManager.
+  _validate_one_request`, `validate_input_length`); it raises `ContextLengthExceededError`, a
+  `PromptTooLongError`, exactly what the JAX engine raises, so the agent loop ends that
+  trajectory as `context_full`;
+* an aborted request is HTTP 200 with `finish_reason.type == "abort"` (kept as such: the agent
+  loop marks the trajectory `aborted`, never trains on it);
+* connection errors and 5xx are retried with bounded exponential backoff
+  (`rollout.sglang.max_retries`); after that a `ServerUnavailableError` names the URL and the
+  last error. Any other 4xx is the caller's fault and is raised at once with the server's message.
 """
 
 from __future__ import annotations
@@ -17,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
+import re
 import time
 import uuid
 from pathlib import Path
@@ -24,7 +38,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import httpx
 
-from bat_jax.rollout.engine import Completion, GenerateRequest, SamplingParams
+from bat_jax.rollout.engine import (Completion, GenerateRequest, PromptTooLongError,
+                                    SamplingParams)
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +62,17 @@ class RequestRejectedError(SGLangError):
     self.message = message
 
 
+class ContextLengthExceededError(PromptTooLongError):
+  """The server refused the prompt as longer than its context (SGLang's HTTP 400)."""
+
+
+# SGLang 0.5.23's over-context messages (tokenizer_manager.py, managers/utils.py, scheduler.py);
+# `bat_jax.serve` answers with the first one, as the JAX engine words it.
+_CONTEXT_400 = re.compile(
+    r"is longer than the model's context length|exceeds the model's maximum context length|"
+    r"exceeds the maximum allowed length|Request prompt exceeds the KV memory budget")
+
+
 class ProtocolError(SGLangError):
   """The server answered 2xx with a body that does not follow the protocol."""
 
@@ -62,7 +88,14 @@ class RetryPolicy:
     return min(self.max_delay_s, self.base_delay_s * (2 ** attempt))
 
 
-_RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+# Connection-level failures only: a read timeout on a long /generate is not retried (it would
+# send the same slow request again).
+_RETRYABLE_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadError,
+                     httpx.WriteError, httpx.RemoteProtocolError)
+
+
+def _retryable_status(status: int) -> bool:
+  return 500 <= status < 600
 
 
 class SGLangClient:
@@ -85,20 +118,19 @@ class SGLangClient:
   async def aclose(self) -> None:
     await self._http.aclose()
 
-  async def _request(self, method: str, path: str, payload: Optional[dict] = None,
-                     *, retry_on: frozenset[int] = _RETRYABLE_STATUS) -> Any:
-    """Sends one request with retries; returns the decoded JSON body (or text)."""
+  async def _request(self, method: str, path: str, payload: Optional[dict] = None) -> Any:
+    """Sends one request, retrying connection errors and 5xx; returns the decoded body."""
     last_error = "no attempt made"
     for attempt in range(self.retry.max_retries + 1):
       try:
         resp = await self._http.request(method, path, json=payload)
-      except (httpx.TransportError, httpx.TimeoutException) as e:
+      except _RETRYABLE_ERRORS as e:
         last_error = f"{type(e).__name__}: {e}"
       else:
         if resp.status_code < 400:
           return _decode(resp)
         message = _error_message(resp)
-        if resp.status_code not in retry_on:
+        if not _retryable_status(resp.status_code):
           raise RequestRejectedError(path, resp.status_code, message)
         last_error = f"HTTP {resp.status_code}: {message}"
       if attempt < self.retry.max_retries:
@@ -122,26 +154,51 @@ class SGLangClient:
 
   async def generate(self, input_ids: Sequence[int], sampling: SamplingParams,
                      *, rid: Optional[str] = None) -> Completion:
-    """`POST /generate`; ids and logprobs come from `meta_info.output_token_logprobs`."""
+    """`POST /generate`; ids and logprobs come from `meta_info.output_token_logprobs`.
+
+    Raises ContextLengthExceededError (a PromptTooLongError) on SGLang's over-context 400.
+    """
     payload = {"input_ids": [int(t) for t in input_ids], "sampling_params": sampling.to_dict(),
                "return_logprob": True, "rid": rid or uuid.uuid4().hex}
-    body = await self._request("POST", "/generate", payload)
+    try:
+      body = await self._request("POST", "/generate", payload)
+    except RequestRejectedError as e:
+      if e.status == 400 and _CONTEXT_400.search(e.message):
+        raise ContextLengthExceededError(f"{self.base_url}/generate: {e.message}") from e
+      raise
     return parse_generate_response(body, prompt_tokens=len(payload["input_ids"]))
 
-  async def get_model_info(self) -> dict:
-    return await self._request("GET", "/get_model_info")
+  async def model_info(self) -> dict:
+    """`GET /model_info` (model_path, weight_version, ...).
+
+    Falls back to the deprecated `/get_model_info` only on a 404 (servers older than SGLang
+    0.5, where it was the only name); SGLang 0.5.23 logs a deprecation warning for it.
+    """
+    try:
+      body = await self._request("GET", "/model_info")
+    except RequestRejectedError as e:
+      if e.status != 404:
+        raise
+      body = await self._request("GET", "/get_model_info")
+    if not isinstance(body, dict):
+      raise ProtocolError(f"/model_info answered {str(body)[:300]!r}, not a JSON object")
+    return body
 
   async def weight_version(self) -> Optional[str]:
-    """The weight version the server reports (`/get_model_info`, else `/get_weight_version`)."""
-    info = await self.get_model_info()
-    if isinstance(info, dict) and info.get("weight_version") is not None:
-      return str(info["weight_version"])
-    try:
-      body = await self._request("GET", "/get_weight_version")
-    except RequestRejectedError:
-      return None
-    return None if not isinstance(body, dict) or body.get("weight_version") is None else str(
-        body["weight_version"])
+    """The weight version the server reports at `/model_info` (None if it reports none)."""
+    version = (await self.model_info()).get("weight_version")
+    return None if version is None else str(version)
+
+  async def release_memory_occupation(self, tags: Optional[Sequence[str]] = None) -> None:
+    """Frees the server's GPU memory (`tags` of "weights", "kv_cache", "cuda_graph"; None:
+    all). SGLang needs `--enable-memory-saver` and an idle server."""
+    await self._request("POST", "/release_memory_occupation",
+                        {"tags": None if tags is None else list(tags)})
+
+  async def resume_memory_occupation(self, tags: Optional[Sequence[str]] = None) -> None:
+    """Takes back what `release_memory_occupation` freed (None: all)."""
+    await self._request("POST", "/resume_memory_occupation",
+                        {"tags": None if tags is None else list(tags)})
 
   async def flush_cache(self, *, attempts: int = 20, delay_s: float = 0.25) -> None:
     """`POST /flush_cache`, retrying while the server answers 400 (requests in flight)."""
@@ -179,7 +236,7 @@ def parse_generate_response(body: Any, *, prompt_tokens: int) -> Completion:
       raise ProtocolError(f"meta_info.output_token_logprobs[{i}] = {e!r} is not "
                           "[logprob, token_id, ...]")
     ids.append(int(e[1]))
-    logps.append(float(e[0]))
+    logps.append(math.nan if e[0] is None else float(e[0]))
   output_ids = body.get("output_ids")
   if output_ids is not None and list(output_ids) != ids:
     raise ProtocolError("output_ids disagree with meta_info.output_token_logprobs ids")
@@ -235,6 +292,7 @@ class SGLangEngine:
   """
 
   def __init__(self, base_url: str, *, max_concurrency: int = 256, **client_kwargs):
+    """client_kwargs go to SGLangClient (timeout_s, retry, transport)."""
     self._loop = asyncio.new_event_loop()
     self._client_kwargs = client_kwargs
     self._base_url = base_url
@@ -263,7 +321,14 @@ class SGLangEngine:
 
     async def run_all():
       return await asyncio.gather(*(one(r) for r in requests))
-    return list(self._run(run_all()))
+    completions = list(self._run(run_all()))
+    stale = sorted({c.weight_version for c in completions
+                    if self._weight_version and c.weight_version
+                    and c.weight_version != self._weight_version})
+    if stale:  # a server that missed the last sync (or another trainer's server)
+      raise SGLangError(f"{self._base_url} answered with weight_version {stale}, expected "
+                        f"{self._weight_version!r} (the last one synced)")
+    return completions
 
   def release(self, session_ids: Sequence[str]) -> None:
     del session_ids  # radix cache entries are evicted by the server
@@ -277,6 +342,12 @@ class SGLangEngine:
     times = self._run(sync_weights(self.client, export, export_dir, weight_version))
     self._weight_version = str(weight_version)
     return times
+
+  def release_memory(self, tags: Optional[Sequence[str]] = None) -> None:
+    self._run(self.client.release_memory_occupation(tags))
+
+  def resume_memory(self, tags: Optional[Sequence[str]] = None) -> None:
+    self._run(self.client.resume_memory_occupation(tags))
 
   def close(self) -> None:
     if self._client is not None:

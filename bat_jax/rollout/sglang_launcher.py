@@ -1,12 +1,18 @@
 """Starts and stops an inference server subprocess (SGLang, or `bat_jax.serve` on CPU).
 
+`rollout.sglang.server_module` picks the server: `sglang.launch_server` (GPU; run by the
+interpreter of its own venv, `rollout.sglang.python`) or `bat_jax.serve` (our SGLang-protocol
+server over the JAX engine; accepts the same launch flags). Both get the same command line.
+
 The server runs in its own process group (`start_new_session`) and gets SIGTERM if this
 process dies (Linux `PR_SET_PDEATHSIG`), so neither a clean `stop()` nor a crashed trainer
 leaves an orphan: `stop()` sends SIGTERM to the whole group, waits, then SIGKILLs the group.
 stdout and stderr go to a log file whose tail is quoted in every startup error.
 
-On a GPU shared with the JAX trainer, give SGLang `mem_fraction_static` and set JAX's
-`XLA_PYTHON_CLIENT_MEM_FRACTION` so the two fractions sum below 1.
+GPU memory (SGLang 0.5.23, `kv_cache_configurator._profile_available_bytes`):
+`mem_fraction_static` is a fraction of the memory FREE when the server starts, not of the GPU.
+Started after the JAX trainer has preallocated `XLA_PYTHON_CLIENT_MEM_FRACTION` = x of the
+GPU, the server's weights + KV pool get `mem_fraction_static * (1 - x)` of it.
 """
 
 from __future__ import annotations
@@ -30,15 +36,35 @@ class ServerStartError(RuntimeError):
   """The server exited or never became healthy."""
 
 
+SERVER_MODULES = ("sglang.launch_server", "bat_jax.serve")
+SERVING_DTYPES = ("bfloat16", "float16", "float32")
+
+
 @dataclasses.dataclass(frozen=True)
 class SGLangLaunchConfig:
-  """Arguments of `python -m sglang.launch_server`."""
+  """Arguments of `python -m sglang.launch_server` (or `-m bat_jax.serve`, same flags).
+
+  Attributes:
+    dtype: `--dtype`; export the weights in the same dtype (SGLang serves a float32
+      config.json as float16 under `--dtype auto`).
+    mem_fraction_static: fraction of the GPU memory free at start-up for weights + KV.
+    context_length: `--context-length` (None: the model's own).
+    random_seed: `--random-seed` (None: the server picks).
+    enable_memory_saver: `--enable-memory-saver`, needed by `/release_memory_occupation`.
+    module: one of SERVER_MODULES.
+    python: the server's interpreter (its own venv for SGLang).
+  """
   model_path: str
   port: int
   host: str = "127.0.0.1"
+  dtype: str = "bfloat16"
   mem_fraction_static: float = 0.8
   tp_size: int = 1
   dp_size: int = 1
+  context_length: Optional[int] = None
+  random_seed: Optional[int] = None
+  enable_memory_saver: bool = False
+  module: str = "sglang.launch_server"
   extra_args: tuple[str, ...] = ()
   python: str = sys.executable
 
@@ -48,15 +74,26 @@ class SGLangLaunchConfig:
     for name in ("tp_size", "dp_size"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} = {getattr(self, name)} must be >= 1")
+    if self.module not in SERVER_MODULES:
+      raise ValueError(f"module = {self.module!r} is not one of {SERVER_MODULES}")
+    if self.dtype not in SERVING_DTYPES:
+      raise ValueError(f"dtype = {self.dtype!r} is not one of {SERVING_DTYPES}")
 
 
 def sglang_command(cfg: SGLangLaunchConfig) -> list[str]:
-  """The command line that launches SGLang for `cfg`."""
-  return [cfg.python, "-m", "sglang.launch_server", "--model-path", cfg.model_path,
-          "--host", cfg.host, "--port", str(cfg.port),
-          "--mem-fraction-static", str(cfg.mem_fraction_static),
-          "--tp-size", str(cfg.tp_size), "--dp-size", str(cfg.dp_size),
-          *cfg.extra_args]
+  """The command line that launches the server for `cfg` (SGLang 0.5.23's flag names)."""
+  cmd = [cfg.python, "-m", cfg.module, "--model-path", cfg.model_path,
+         "--host", cfg.host, "--port", str(cfg.port), "--dtype", cfg.dtype,
+         "--mem-fraction-static", str(cfg.mem_fraction_static), "--tp-size", str(cfg.tp_size)]
+  if cfg.dp_size != 1:
+    cmd += ["--dp-size", str(cfg.dp_size)]
+  if cfg.context_length is not None:
+    cmd += ["--context-length", str(cfg.context_length)]
+  if cfg.random_seed is not None:
+    cmd += ["--random-seed", str(cfg.random_seed)]
+  if cfg.enable_memory_saver:
+    cmd.append("--enable-memory-saver")
+  return cmd + list(cfg.extra_args)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -87,7 +87,7 @@ def test_scripted_conversation_tokens_and_mask_follow_the_chat_template(chat):
   generated = [t for turn in engine.outputs[0] for t in turn]
   mask = np.array(traj.loss_mask, bool)
   assert list(np.array(traj.token_ids)[mask]) == generated
-  logps = np.array(traj.sampler_logprobs)
+  logps = np.array(traj.sampler_logp)
   np.testing.assert_allclose(logps[mask], -0.001 * np.arange(1, len(generated) + 1))
   assert not logps[~mask].any()
   # ...in one contiguous run per assistant turn, each right after the generation prompt.
@@ -179,7 +179,7 @@ def test_groups_and_collation(chat):
   assert list(batch["group_ids"]) == [0, 0, 0, 1, 1, 1]
   for i, t in enumerate(trajs):
     assert batch["loss_mask"][i].sum() == sum(t.loss_mask)
-    assert batch["old_logp"][i, :len(t.token_ids)] == pytest.approx(t.sampler_logprobs)
+    assert batch["sampler_logp"][i, :len(t.token_ids)] == pytest.approx(t.sampler_logp)
     assert not batch["loss_mask"][i, len(t.token_ids):].any()
 
 

@@ -26,9 +26,9 @@ def engine(model):
 WIDTH = 96  # every reference forward is right padded to this width: one compilation
 
 
-@nnx.jit
-def _trainer_logp(model, ids):
-  return taken_token_logprobs(model, ids, chunk_size=32)[0]
+@nnx.jit(static_argnames="temperature")
+def _trainer_logp(model, ids, temperature=1.0):
+  return taken_token_logprobs(model, ids, chunk_size=32, temperature=temperature)[0]
 
 
 @nnx.jit
@@ -43,12 +43,12 @@ def _padded(seqs: list[list[int]]) -> jnp.ndarray:
   return jnp.asarray(out)
 
 
-def trainer_logprobs(model, seq: list[int]) -> np.ndarray:
-  """The GRPO trainer's quantity for one sequence: [T], column t scores seq[t].
+def trainer_logprobs(model, seq: list[int], temperature: float = 1.0) -> np.ndarray:
+  """The GRPO trainer's quantity for one sequence: [T], column t scores seq[t] (logits / T).
 
   Right padding cannot change a causal LM's values at earlier positions.
   """
-  return np.asarray(_trainer_logp(model, _padded([seq]))[0, :len(seq)])
+  return np.asarray(_trainer_logp(model, _padded([seq]), temperature)[0, :len(seq)])
 
 
 def greedy_by_full_forward(model, prompts: list[list[int]], n: int) -> list[list[int]]:
@@ -61,14 +61,20 @@ def greedy_by_full_forward(model, prompts: list[list[int]], n: int) -> list[list
   return [s[len(p):] for s, p in zip(seqs, prompts)]
 
 
-def test_sampled_logprobs_equal_trainer_logprobs(engine, model):
-  requests = [GenerateRequest(p, SamplingParams(max_new_tokens=12, temperature=1.0, top_p=tp))
-              for p, tp in zip(PROMPTS, (1.0, 0.8, 1.0))]
+def test_sampled_logprobs_equal_trainer_logprobs_at_the_sampling_temperature(engine, model):
+  """The logprob contract: log softmax(logits / T) of the sampled distribution, T = 0.7 here
+  (top-p truncation does not enter it); greedy is scored at T = 1, like SGLang."""
+  requests = [GenerateRequest(p, SamplingParams(max_new_tokens=12, temperature=t, top_p=tp))
+              for p, t, tp in zip(PROMPTS, (0.7, 0.7, 0.0), (1.0, 0.8, 1.0))]
   for req, c in zip(requests, engine.generate(requests)):
     assert len(c.output_ids) == 12 and c.finish_reason == "length"
     seq = list(req.input_ids) + list(c.output_ids)
-    expected = trainer_logprobs(model, seq)[len(req.input_ids):]
+    t = req.sampling.temperature or 1.0
+    expected = trainer_logprobs(model, seq, t)[len(req.input_ids):]
     np.testing.assert_allclose(c.logprobs, expected, atol=1e-4, rtol=0)
+    if t != 1.0:  # and it is not the temperature-1 quantity (the old, wrong contract)
+      assert np.max(np.abs(np.array(c.logprobs) - trainer_logprobs(model, seq)[
+          len(req.input_ids):])) > 1e-2
 
 
 def test_greedy_cached_generation_equals_full_forward_argmax(engine, model):
@@ -134,7 +140,8 @@ def test_update_params_swaps_in_place_and_validates(model):
 
 
 def test_bad_prompts_are_refused_with_the_field_named(engine, tokenizer):
-  with pytest.raises(PromptTooLongError, match=r"requests\[0\].input_ids has 96 tokens"):
+  with pytest.raises(PromptTooLongError, match=r"The input \(96 tokens\) is longer than the "
+                     r"model's context length \(96 tokens\): requests\[0\].input_ids has 96"):
     engine.generate([GenerateRequest([1] * CFG.max_len)])
   with pytest.raises(ValueError, match="outside"):
     engine.generate([GenerateRequest([len(tokenizer) + 5])])

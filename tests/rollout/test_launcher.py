@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import sys
 import textwrap
@@ -85,7 +87,21 @@ def test_sglang_command_line():
   assert cmd[1:3] == ["-m", "sglang.launch_server"]
   joined = " ".join(cmd)
   for part in ("--model-path /ckpt/step-5", "--port 30001", "--mem-fraction-static 0.55",
-               "--tp-size 2", "--dp-size 4", "--disable-radix-cache"):
+               "--tp-size 2", "--dp-size 4", "--disable-radix-cache", "--dtype bfloat16"):
     assert part in joined
+  assert "--enable-memory-saver" not in cmd and "--context-length" not in cmd
+  ours = sglang_command(dataclasses.replace(
+      cfg, module="bat_jax.serve", dp_size=1, dtype="float32", context_length=512,
+      random_seed=7, enable_memory_saver=True, python="/venv-sglang/bin/python"))
+  assert ours[:3] == ["/venv-sglang/bin/python", "-m", "bat_jax.serve"]
+  joined = " ".join(ours)
+  for part in ("--dtype float32", "--context-length 512", "--random-seed 7",
+               "--enable-memory-saver"):
+    assert part in joined
+  assert "--dp-size" not in ours
   with pytest.raises(ValueError, match="mem_fraction_static"):
     SGLangLaunchConfig(model_path="x", port=1, mem_fraction_static=1.5)
+  with pytest.raises(ValueError, match="module = 'sglang.serve'"):
+    SGLangLaunchConfig(model_path="x", port=1, module="sglang.serve")
+  with pytest.raises(ValueError, match="dtype = 'auto'"):
+    SGLangLaunchConfig(model_path="x", port=1, dtype="auto")

@@ -61,6 +61,6 @@ def test_jax_engine_rollout_logprobs_match_the_trainer_across_turns(model, chat,
     logp, _ = nnx.jit(lambda m, ids: taken_token_logprobs(m, ids, chunk_size=256))(
         model, jnp.asarray([t.token_ids], jnp.int32))
     mask = np.array(t.loss_mask, bool)
-    np.testing.assert_allclose(np.array(t.sampler_logprobs)[mask], np.asarray(logp[0])[mask],
+    np.testing.assert_allclose(np.array(t.sampler_logp)[mask], np.asarray(logp[0])[mask],
                                atol=1e-4)
   assert trajs[0].token_ids != trajs[1].token_ids

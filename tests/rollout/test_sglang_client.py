@@ -92,7 +92,7 @@ async def _update_and_info(url, path, version):
   async with SGLangClient(url, retry=FAST_RETRY) as client:
     await client.update_weights_from_disk(path, version)
     await client.flush_cache()
-    return await client.get_model_info()
+    return await client.model_info()
 
 
 def test_unknown_model_path_is_refused_naming_it(server, tmp_path):
@@ -233,7 +233,7 @@ def test_agent_loop_over_http_keeps_trainer_logprobs_and_reuses_prefixes(model, 
   engine = _Recording(SGLangEngine(url, retry=FAST_RETRY))
   try:
     loop = AgentLoop(engine, chat, lambda item, g: _NoTools(),
-                     sampling=SamplingParams(temperature=1.0),
+                     sampling=SamplingParams(temperature=0.7),
                      limits=RolloutLimits(max_assistant_turns=3, max_turn_tokens=5))
     item = RolloutItem("s", "S2", "s_mix", ({"role": "user", "content": "Set up the task."},),
                        None)
@@ -246,9 +246,10 @@ def test_agent_loop_over_http_keeps_trainer_logprobs_and_reuses_prefixes(model, 
   assert [t.num_turns for t in trajs] == [3, 3] and all(t.reward == 0.5 for t in trajs)
   # Turns after the first continue a cached prefix on the server (no recomputation).
   assert [c.cached_tokens > 0 for c in engine.completions] == [False, False] + [True] * 4
-  for t in trajs:
-    logp, _ = nnx.jit(lambda m, ids: taken_token_logprobs(m, ids, chunk_size=256))(
+  for t in trajs:  # the sampler's logprobs are the trainer's at the sampling temperature 0.7
+    logp, _ = nnx.jit(lambda m, ids: taken_token_logprobs(m, ids, chunk_size=256,
+                                                          temperature=0.7))(
         model, jnp.asarray([t.token_ids], jnp.int32))
     mask = np.array(t.loss_mask, bool)
-    np.testing.assert_allclose(np.array(t.sampler_logprobs)[mask], np.asarray(logp[0])[mask],
+    np.testing.assert_allclose(np.array(t.sampler_logp)[mask], np.asarray(logp[0])[mask],
                                atol=1e-4)
