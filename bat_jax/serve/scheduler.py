@@ -177,9 +177,9 @@ class Scheduler:
   def _generate(self, engine, requests) -> list:
     try:
       return engine.generate(requests)
-    except Exception:  # pylint: disable=broad-except  # isolate the request at fault
+    except Exception as e:  # pylint: disable=broad-except  # isolate the request at fault
       if len(requests) == 1:
-        raise
+        return [e]
       log.exception("batched step failed; retrying %d requests one by one", len(requests))
     out = []
     for r in requests:

@@ -134,7 +134,7 @@ def test_release_and_resume_memory_occupation(model, tokenizer, chat):
     resp = httpx.post(f"{base}/release_memory_occupation", json={"tags": None}, timeout=60)
     assert resp.status_code == 200 and resp.json()["released"] == ["kv_cache", "weights"]
     freed = held - live()
-    params_bytes = sum(x.nbytes for x in jax.tree.leaves(app._parked["host_params"]))
+    params_bytes = sum(x.nbytes for x in jax.tree.leaves(app._parked["host"]))
     assert freed >= params_bytes  # weights and cache left the device
     refused = httpx.post(f"{base}/generate", json=body, timeout=60)
     assert refused.status_code == 503 and "resume_memory_occupation" in refused.text
@@ -143,5 +143,17 @@ def test_release_and_resume_memory_occupation(model, tokenizer, chat):
     resp = httpx.post(f"{base}/resume_memory_occupation", json={}, timeout=120)
     assert resp.status_code == 200 and resp.json()["released"] == []
     assert gen(base, **body)["output_ids"] == before
+    # verl's order: release all, resume weights (then sync them), then the KV cache.
+    for tags, left in [(None, ["kv_cache", "weights"]), (["weights"], ["kv_cache"]),
+                       (["kv_cache"], [])]:
+      what = "release" if tags is None else "resume"
+      resp = httpx.post(f"{base}/{what}_memory_occupation", json={"tags": tags}, timeout=120)
+      assert resp.json()["released"] == left
+    assert gen(base, **body)["output_ids"] == before
+    for tag in ("kv_cache", "weights"):  # each alone
+      for what in ("release", "resume"):
+        resp = httpx.post(f"{base}/{what}_memory_occupation", json={"tags": [tag]}, timeout=120)
+        assert resp.status_code == 200, resp.text
+      assert gen(base, **body)["output_ids"] == before
   finally:
     stop(app, httpd)
