@@ -111,15 +111,24 @@ def test_streaming_tool_call_deltas_and_usage_chunk(bigram):
   assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
   content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
   assert "<tool_call>" not in content
+  cut = list(client.chat.completions.create(  # a stop string is never streamed, even in part
+      model="tiny-policy", messages=USER, temperature=0, max_tokens=10, stream=True,
+      stop=["function>"]))
+  assert "".join(c.choices[0].delta.content or "" for c in cut) == "</"
+  assert cut[-1].choices[0].finish_reason == "stop"
 
 
 def test_streamed_text_equals_the_plain_answer(client):
-  kwargs = dict(model="bat-tiny", messages=USER, max_tokens=24, temperature=0)
+  kwargs = dict(model="bat-tiny", messages=USER, max_tokens=24, temperature=0, logprobs=True)
   plain = client.chat.completions.create(**kwargs).choices[0]
   chunks = list(client.chat.completions.create(stream=True, **kwargs))
   assert chunks[0].choices[0].delta.role == "assistant"
   assert "".join(c.choices[0].delta.content or "" for c in chunks) == plain.message.content
   assert chunks[-1].choices[0].finish_reason == plain.finish_reason
+  streamed = [t for c in chunks if c.choices and c.choices[0].logprobs
+              for t in c.choices[0].logprobs.content]
+  assert [(t.token, t.logprob) for t in streamed] == [
+      (t.token, t.logprob) for t in plain.logprobs.content]
 
 
 def test_logprobs_greedy_match_their_top_logprobs(client):
