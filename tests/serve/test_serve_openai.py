@@ -161,6 +161,20 @@ def test_disconnect_mid_stream_frees_the_slot(served):
   assert app.scheduler.cancelled == before + 1
 
 
+def test_disconnect_while_waiting_for_a_plain_answer_cancels_it(served):
+  app, base = served
+  before = app.scheduler.cancelled
+  body = {"model": "bat-tiny", "messages": USER, "max_tokens": 1900, "temperature": 1.0,
+          "n": 16, "stop": ["zzzz-never"]}  # 16 x 1900 tokens: seconds of work
+  with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
+    httpx.post(f"{base}/v1/chat/completions", json=body, timeout=0.3)
+  deadline = time.time() + 20
+  while (app.scheduler.cancelled == before or app.scheduler.running) and (
+      time.time() < deadline):
+    time.sleep(0.05)
+  assert app.scheduler.cancelled > before and app.scheduler.running == 0
+
+
 def test_eight_concurrent_requests_are_batched_not_serialised(client, served):
   app = served[0]
   prompts = [[{"role": "user", "content": f"Case {i}: run the model."}] for i in range(8)]

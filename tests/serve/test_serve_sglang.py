@@ -83,15 +83,29 @@ def test_min_p_one_is_greedy(served):
   assert min_p["output_ids"] == greedy["output_ids"]
 
 
+def reference_logprobs(model, prompt, output, temperature) -> np.ndarray:
+  """[N, V] log softmax(logits / T) at each output position, from a full forward pass."""
+  logits = np.asarray(jax.jit(lambda x: model(x))(np.asarray([prompt + output], np.int32)))[0]
+  return np.asarray(jax.nn.log_softmax(logits[len(prompt) - 1:-1] / temperature, axis=-1))
+
+
+def test_min_p_keeps_only_tokens_near_the_top(served, model):
+  _, base = served
+  outs = gen(base, input_ids=[7, 8, 9], sampling_params={
+      "n": 4, "max_new_tokens": 10, "temperature": 1.0, "min_p": 0.9, "ignore_eos": True})
+  for out in outs:
+    ref = reference_logprobs(model, [7, 8, 9], out["output_ids"], 1.0)
+    ratio = [ref[i, t] - ref[i].max() for i, t in enumerate(out["output_ids"])]
+    assert min(ratio) >= np.log(0.9) - 1e-4  # p(token) >= min_p * p(top token)
+
+
 def test_logprobs_are_of_the_temperature_scaled_distribution(served, model):
   _, base = served
   prompt = [3, 4, 5, 6]
   out = gen(base, input_ids=prompt, return_logprob=True, top_logprobs_num=3,
             return_text_in_logprobs=True,
             sampling_params={"max_new_tokens": 6, "temperature": 0.7, "ignore_eos": True})
-  ids = prompt + out["output_ids"]
-  logits = np.asarray(jax.jit(lambda x: model(x))(np.asarray([ids], np.int32)))[0]
-  ref = np.asarray(jax.nn.log_softmax(logits[len(prompt) - 1:-1] / 0.7, axis=-1))
+  ref = reference_logprobs(model, prompt, out["output_ids"], 0.7)
   meta = out["meta_info"]
   for i, (lp, tok, text) in enumerate(meta["output_token_logprobs"]):
     assert tok == out["output_ids"][i] and isinstance(text, str)
