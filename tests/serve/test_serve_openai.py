@@ -12,7 +12,7 @@ import numpy as np
 import openai
 import pytest
 
-from conftest import path_map, set_bigram_path, start, stop, tiny_model
+from serve_fixtures import path_map, set_bigram_path, start, stop, tiny_model
 
 F_TOOL = {"type": "function", "function": {
     "name": "f", "description": "finish", "parameters": {"type": "object", "properties": {}}}}

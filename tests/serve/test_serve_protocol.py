@@ -13,7 +13,7 @@ from bat_jax.model import save_pretrained
 from bat_jax.rollout.openai_chat import assistant_turn
 from bat_jax.rollout.sglang_launcher import ServerProcess, free_port
 
-from conftest import MAX_LEN, start, stop
+from serve_fixtures import MAX_LEN, start, stop
 
 
 @pytest.fixture(scope="module")

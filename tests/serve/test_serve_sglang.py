@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import path_map, set_bigram_path, start, stop, tiny_model
+from serve_fixtures import path_map, set_bigram_path, start, stop, tiny_model
 
 
 @pytest.fixture(scope="module")
