@@ -126,6 +126,8 @@ class ServeApp:
       raise
     for job in jobs:
       if job.error is not None:
+        if isinstance(job.error, RequestError):
+          raise job.error
         if isinstance(job.error, ValueError):
           raise RequestError(str(job.error)[:2000])
         raise job.error
@@ -309,44 +311,58 @@ class ServeApp:
     tags = [t for t in self._tags(body, "/release_memory_occupation") if t not in self.released]
     if "kv_cache" in tags and self.served.graphdef is None:
       raise RequestError("releasing kv_cache needs the model graph (ServedModel.graphdef)")
-    self.scheduler.call(lambda engine: self._release(engine, tags))
+    self.scheduler.call(lambda engine: self._release(tags))
     return {"success": True, "message": f"released {tags}",
             "released": sorted(self.released)}
 
-  def _release(self, engine, tags: list[str]) -> None:
+  def _release(self, tags: list[str]) -> None:
+    """Runs on the scheduler thread. _parked: the real engine (None once its cache is freed),
+    the device params kept without an engine, the host copy of released weights."""
+    park = self._parked
+    if not self.released:
+      park.update(engine=self.served.engine, params=None, host=None)
+    engine = park["engine"]
     if "weights" in tags:
-      params = engine.params
-      self._parked["shardings"] = jax.tree.map(lambda x: x.sharding, params)
-      self._parked["host_params"] = jax.device_get(params)
+      params = engine.params if engine is not None else park["params"]
+      park["shardings"] = jax.tree.map(lambda x: x.sharding, params)
+      park["host"] = jax.device_get(params)
       for leaf in jax.tree.leaves(params):
         leaf.delete()
-    if "kv_cache" in tags:  # dropping the engine frees its cache; params are kept by reference
-      self._parked["engine"] = (engine.config, engine.weight_version,
-                                None if "weights" in self.released | set(tags)
-                                else engine.params)
-      self.served.engine = _Released(engine.config, engine.vocab_size, engine.weight_version)
+      park["params"] = None
+    if "kv_cache" in tags:  # dropping the engine frees its cache
+      if "weights" not in self.released | set(tags):
+        park["params"] = engine.params
+      park["config"], park["version"] = engine.config, engine.weight_version
+      park["engine"] = None
+    if tags and not self.released:
+      self.served.engine = _Released(self.served.engine.config, self.served.engine.vocab_size,
+                                     self.served.engine.weight_version)
     self.released |= set(tags)
 
   def resume_memory(self, body: Any) -> dict:
     tags = [t for t in self._tags(body, "/resume_memory_occupation") if t in self.released]
-    self.scheduler.call(lambda engine: self._resume(engine, tags))
+    if "kv_cache" in tags and "weights" in self.released and "weights" not in tags:
+      raise RequestError("weights are released too: resume them first or together")
+    self.scheduler.call(lambda engine: self._resume(tags))
     return {"success": True, "message": f"resumed {tags}", "released": sorted(self.released)}
 
-  def _resume(self, engine, tags: list[str]) -> None:
-    params = None
+  def _resume(self, tags: list[str]) -> None:
+    park = self._parked
     if "weights" in tags:
-      params = jax.device_put(self._parked.pop("host_params"), self._parked.pop("shardings"))
+      params = jax.device_put(park.pop("host"), park.pop("shardings"))
+      if park["engine"] is not None:
+        park["engine"].update_params(params, park["engine"].weight_version)
+      else:
+        park["params"] = params
     if "kv_cache" in tags:
       from flax import nnx
       from bat_jax.rollout.jax_engine import JaxEngine
-      config, version, kept = self._parked.pop("engine")
-      if kept is None and params is None:
-        raise RequestError("resume weights together with kv_cache (weights are released)")
-      model = nnx.merge(self.served.graphdef, params if params is not None else kept)
-      self.served.engine = JaxEngine(model, config, weight_version=version)
-    elif params is not None:
-      engine.update_params(params, engine.weight_version)
+      model = nnx.merge(self.served.graphdef, park.pop("params"))
+      park["engine"] = JaxEngine(model, park["config"], weight_version=park["version"])
     self.released -= set(tags)
+    if not self.released:
+      self.served.engine = park.pop("engine")
+      park.clear()
 
 
 @dataclasses.dataclass
@@ -357,6 +373,9 @@ class _Released:
   weight_version: str
 
   def check_prompt(self, ids, field="input_ids") -> None:
+    self.generate([])
+
+  def generate(self, requests) -> None:
     raise RequestError("memory is released; POST /resume_memory_occupation first",
                        HTTPStatus.SERVICE_UNAVAILABLE)
 

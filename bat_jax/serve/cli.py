@@ -71,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--prefill-chunk", "--chunked-prefill-size", dest="prefill_chunk", type=int,
                  default=128)
   p.add_argument("--decode-block", type=int, default=64)
-  p.add_argument("--stream-interval", type=int, default=None,
-                 help="new tokens per scheduler step (default: --decode-block)")
+  p.add_argument("--stream-interval", type=int, default=16,
+                 help="new tokens per scheduler step: streaming granularity, and how often "
+                      "new requests can join running ones")
   p.add_argument("--dtype", default="auto", choices=sorted(DTYPES))
   p.add_argument("--random-seed", type=int, default=0)
   p.add_argument("--mem-fraction-static", type=float, default=None,
@@ -100,7 +101,7 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                    "engine in one process; start one server per device group instead")
   if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static <= 1:
     parser.error(f"--mem-fraction-static {args.mem_fraction_static} is not in (0, 1]")
-  for flag in ("num_slots", "max_len", "prefill_chunk", "decode_block"):
+  for flag in ("num_slots", "max_len", "prefill_chunk", "decode_block", "stream_interval"):
     if getattr(args, flag) < 1:
       parser.error(f"--{flag.replace('_', '-')} must be >= 1")
   if not 0 < args.max_body_mb <= 1024 or not 0 < args.body_timeout_s <= 600:

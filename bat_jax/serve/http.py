@@ -54,6 +54,7 @@ class Handler(BaseHTTPRequestHandler):
   body_timeout_s = 1.0
   timeout = 60.0  # idle keep-alive connections and slow headers are dropped after this
   protocol_version = "HTTP/1.1"
+  default_request_version = "HTTP/1.0"  # junk request lines still get a status line (400)
 
   def log_message(self, format, *args):  # pylint: disable=redefined-builtin
     log.debug("%s %s", self.address_string(), format % args)

@@ -54,6 +54,14 @@ class OpenAIChat:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
       raise RequestError("messages must be a non-empty list")
+    max_len = self.app.served.engine.config.max_len
+    if 3 * len(messages) >= max_len:  # each message renders to >= 3 tokens
+      raise RequestError(f"messages has {len(messages)} messages; they cannot fit the "
+                         f"{max_len}-token context")
+    chars = sum(len(json.dumps(m)) for m in messages)
+    if chars > 64 * max_len:  # checked before the (costly) chat template runs
+      raise RequestError(f"messages has {chars} characters; they cannot fit the "
+                         f"{max_len}-token context")
     try:
       prompt = fmt_req.encode_prompt(openai_to_messages(messages), tools)
     except RequestError:

@@ -84,7 +84,9 @@ class Scheduler:
     self._cond = threading.Condition()
     self._running: list[Job] = []
     self._closed = False
-    self.steps = 0
+    self.steps = 0          # engine calls made
+    self.peak_running = 0   # most jobs in one step (> 1: requests were batched)
+    self.cancelled = 0      # jobs dropped because their client went away
     self._thread = threading.Thread(target=self._run, name="serve-scheduler", daemon=True)
     self._thread.start()
 
@@ -143,6 +145,7 @@ class Scheduler:
 
   def _step(self) -> None:
     for job in [j for j in self._running if j.cancelled]:
+      self.cancelled += 1
       self._end(job, {"type": "abort", "message": "cancelled by the client"})
     if not self._running:
       return
@@ -163,6 +166,7 @@ class Scheduler:
     if not batch:
       return
     self.steps += 1
+    self.peak_running = max(self.peak_running, len(batch))
     for job, result in zip(batch, self._generate(engine, requests)):
       if isinstance(result, BaseException):
         job.error = result
@@ -173,9 +177,9 @@ class Scheduler:
   def _generate(self, engine, requests) -> list:
     try:
       return engine.generate(requests)
-    except Exception:  # pylint: disable=broad-except  # isolate the request at fault
+    except Exception as e:  # pylint: disable=broad-except  # isolate the request at fault
       if len(requests) == 1:
-        raise
+        return [e]
       log.exception("batched step failed; retrying %d requests one by one", len(requests))
     out = []
     for r in requests:

@@ -7,42 +7,20 @@ import sys
 
 import httpx
 import pytest
-from flax import nnx
 
 from bat_jax import serve, workflow
-from bat_jax.model import ModelConfig, build_model, save_pretrained
-from bat_jax.rollout.jax_engine import JaxEngine, JaxEngineConfig
+from bat_jax.model import save_pretrained
 from bat_jax.rollout.openai_chat import assistant_turn
 from bat_jax.rollout.sglang_launcher import ServerProcess, free_port
 
-MAX_LEN = 2048
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-  # Same shapes as tests/rollout's model and engine, so one pytest run compiles them once.
-  cfg = ModelConfig(model_type="qwen3_5_text", vocab_size=len(tokenizer), hidden_size=32,
-                    intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=8,
-                    layer_types=("linear_attention", "full_attention"), linear_key_head_dim=8,
-                    linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
-                    linear_conv_kernel_dim=4, partial_rotary_factor=0.5,
-                    tie_word_embeddings=False, deltanet_chunk_size=8)
-  return build_model(cfg, rngs=nnx.Rngs(0))
+from serve_fixtures import MAX_LEN, start, stop
 
 
 @pytest.fixture(scope="module")
 def url(model, tokenizer, chat):
-  engine = JaxEngine(model, JaxEngineConfig(num_slots=4, max_len=MAX_LEN, prefill_chunk=256,
-                                            decode_block=8))
-  app = serve.ServeApp(serve.ServedModel(engine=engine, model_path="/ckpt/tiny-policy",
-                                         load=lambda p: None, tokenizer=tokenizer,
-                                         chat_format=chat, graphdef=nnx.split(model)[0]))
-  httpd, base = serve.serve_in_thread(app)
+  app, httpd, base = start(model, tokenizer, chat)
   yield base
-  httpd.shutdown()
-  httpd.server_close()
-  app.close()
+  stop(app, httpd)
 
 
 BAD_REQUESTS = [
@@ -155,23 +133,31 @@ def test_cli_refuses_a_missing_checkpoint(capsys):
     serve.main(["--checkpoint=/no/such/dir", "--port=1"])
   assert exit_info.value.code == 2
   assert "--model-path '/no/such/dir' is not a directory" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    serve.main(["--model-path=.", "--tp-size=2"])
+  assert "--tp-size 2: bat_jax.serve runs one engine" in capsys.readouterr().err
 
 
 def test_cli_serves_a_checkpoint_under_the_launcher(model, tokenizer_dir, tmp_path):
   ckpt = tmp_path / "ckpt"
   save_pretrained(model, ckpt, tokenizer_dir=tokenizer_dir)
   port = free_port()
-  cmd = [sys.executable, "-m", "bat_jax.serve", f"--checkpoint={ckpt}", f"--port={port}",
-         "--max-len=1024", "--num-slots=2", "--weight-version=ckpt-0"]
+  # The flags the rollout launcher gives sglang.launch_server, plus our own.
+  cmd = [sys.executable, "-m", "bat_jax.serve", "--model-path", str(ckpt), "--host",
+         "127.0.0.1", "--port", str(port), "--dtype", "float32", "--mem-fraction-static", "0.8",
+         "--tp-size", "1", "--context-length", "1024", "--random-seed", "3",
+         "--enable-memory-saver", "--served-model-name", "policy-x", "--num-slots=2",
+         "--weight-version=ckpt-0"]
   with ServerProcess(cmd, f"http://127.0.0.1:{port}", tmp_path / "serve.log",
                      startup_timeout_s=180) as server:
     base = server.base_url
     info = httpx.get(f"{base}/get_model_info").json()
     assert info["weight_version"] == "ckpt-0" and info["model_path"] == str(ckpt)
-    assert info["has_chat"] is True
+    assert info["has_chat"] is True and info["max_total_tokens"] == 1024
+    assert httpx.get(f"{base}/v1/models").json()["data"][0]["id"] == "policy-x"
     out = httpx.post(f"{base}/generate", timeout=120, json={
         "input_ids": [3, 4, 5], "return_logprob": True,
-        "sampling_params": {"max_new_tokens": 3, "temperature": 0}}).json()
+        "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}}).json()
     assert len(out["meta_info"]["output_token_logprobs"]) == 3
     pgid = server.pid
   from bat_jax.rollout.sglang_launcher import group_alive
