@@ -75,6 +75,11 @@ class Trajectory:
                        f"loss_mask ({len(self.loss_mask)}) and sampler_logprobs "
                        f"({len(self.sampler_logprobs)}) must have equal lengths")
 
+  @property
+  def trainable(self) -> bool:
+    """False for infrastructure failures (errored or aborted): kept out of loss and baselines."""
+    return self.finish_reason not in ("error", "aborted")
+
   def metrics(self) -> dict[str, Any]:
     """Scalars for logging (no tokens, no text)."""
     return {"reward": self.reward, "finish_reason": self.finish_reason,
