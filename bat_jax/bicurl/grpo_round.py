@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from bat_jax import sharding
+from bat_jax.bicurl import multihost
 from bat_jax.checkpointing import Checkpointer
 from bat_jax.grpo import (GrpoConfig, OptimizerConfig, StepConfig, build_step_fn,
                           group_advantages, grpo_loss_fn, init_train_state, make_optimizer,
@@ -74,16 +75,18 @@ def bucket_length(longest: int, cap: int) -> int:
 
 
 def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConfig,
-                  pad_id: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+                  pad_id: int, longest: Optional[int] = None
+                  ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
   """The GRPO batch (less `old_logp`) and rollout statistics.
 
   Errored and aborted trajectories (`Trajectory.trainable` False) are infrastructure failures,
   not policy behaviour: they get loss mask 0 and stay out of their group's baseline. A group
   left with fewer than 2 trainable members has no baseline and is dropped (mask 0). Rows are
   kept (zeroed, not removed) so the batch shape, and hence the compiled step, stays the same.
-  Advantages are computed within each state_id's group only (`group_advantages`).
+  Advantages are computed within each state_id's group only (`group_advantages`). `longest`
+  (default: of these trajectories) sets the padded length, so processes can agree on one.
   """
-  longest = max(len(t.token_ids) for t in trajectories)
+  longest = longest or max(len(t.token_ids) for t in trajectories)
   collated = collate(trajectories, max_len=bucket_length(longest, max_len), pad_id=pad_id)
   valid = np.array([t.trainable for t in trajectories])
   members = np.asarray(valid_group_members(collated["group_ids"], valid))
@@ -108,13 +111,17 @@ def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConf
           "sampler_logp": collated["old_logp"]}, stats
 
 
-def sampler_gap(old_logp: np.ndarray, batch: dict[str, np.ndarray]) -> dict[str, float]:
+@jax.jit
+def _sampler_gap_sums(old_logp, sampler_logp, loss_mask):
+  mask = loss_mask.astype(jnp.float32)
+  return {**sampler_gap_stats(old_logp, sampler_logp, mask), "tokens": mask.sum()}
+
+
+def sampler_gap(old_logp: jax.Array, batch: dict[str, Any]) -> dict[str, float]:
   """Mean and max |trainer old_logp - sampler logprob| over the loss tokens (0 when none)."""
-  mask = np.asarray(batch["loss_mask"], np.float32)
-  stats = sampler_gap_stats(jnp.asarray(old_logp), jnp.asarray(batch["sampler_logp"]),
-                            jnp.asarray(mask))
-  return {"sampler_gap": float(stats["sampler_gap_sum"]) / max(float(mask.sum()), 1.0),
-          "sampler_gap_max": float(stats["sampler_gap_max"])}
+  sums = jax.device_get(_sampler_gap_sums(old_logp, batch["sampler_logp"], batch["loss_mask"]))
+  return {"sampler_gap": float(sums["sampler_gap_sum"]) / max(float(sums["tokens"]), 1.0),
+          "sampler_gap_max": float(sums["sampler_gap_max"])}
 
 
 # AOT-compiled train steps, keyed by everything the compiled program depends on.
@@ -177,6 +184,10 @@ class GrpoRound:
       ref_params = jax.tree.map(jnp.copy, params)
     self.frozen = {"rest": self.rest,
                    "ref_params": ref_params if self.loss_cfg.kl_coef > 0 else None}
+    # On the mesh from the start (multi-host: global arrays), so a restore lands there too.
+    placed = step_shardings(self.state, {}, self.frozen, self.optimizer, self.mesh, self.rules)
+    self.state, self.frozen = multihost.place((self.state, self.frozen),
+                                              (placed.state, placed.frozen))
     self.max_len = cfg.rollout.limits.max_context_tokens or cfg.rollout.jax.max_len
     self.agent_loop = AgentLoop(
         server.engine, chat, task_environments(workspace_root, SandboxLimits(**cfg.sandbox.to_dict()),
@@ -210,7 +221,7 @@ class GrpoRound:
     return _COMPILED_STEPS[key]
 
   def _serve_current(self, step: int) -> None:
-    acting = nnx.merge(self.graphdef, self.state.params, self.rest)
+    acting = nnx.merge(self.graphdef, multihost.local_copy(self.state.params), self.rest)
     self.server.load(acting, f"round{self.round_index}-step{step}")
     self.server.reseed(derive_seed("rollout", self.cfg.seed, self.round_index, step) & 0x7FFFFFFF)
 
@@ -220,12 +231,19 @@ class GrpoRound:
     The old-logprob pass runs every step, so `sampler_gap` (trainer vs sampler logprobs of the
     same tokens) is logged even when the update itself is skipped for lack of signal.
     """
+    longest = multihost.agree_max(max(len(t.token_ids) for t in trajectories))
     batch, stats = rollout_batch(trajectories, max_len=self.max_len, cfg=self.loss_cfg,
-                                 pad_id=self.chat.endoftext_id)
+                                 pad_id=self.chat.endoftext_id, longest=longest)
+    signal = multihost.agree_any(np.any(batch["advantages"]))
+    stats = multihost.combine_stats(stats)
+    shardings = {k: sharding.batch_sharding(self.mesh, v.ndim) for k, v in batch.items()}
+    batch = multihost.global_batch(batch, shardings)
     skipped_before = int(self.state.skipped)
-    batch["old_logp"] = self._old_logp(self.state.params, jnp.asarray(batch["input_ids"]))
+    batch["old_logp"] = jax.device_put(
+        self._old_logp(self.state.params, jnp.asarray(batch["input_ids"])),
+        sharding.batch_sharding(self.mesh, 2))
     stats.update(sampler_gap(batch["old_logp"], batch))
-    if np.any(batch["advantages"]):
+    if signal:
       self.state, metrics = self._compiled_step(batch)(self.state, batch, self.frozen)
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
       metrics["no_signal"] = 0.0
@@ -264,7 +282,8 @@ class GrpoRound:
         rows = next(reader)
         t0 = time.monotonic()
         self._serve_current(step)
-        items = [RolloutItem.from_row(r) for r in rows]
+        items = multihost.split_groups([RolloutItem.from_row(r) for r in rows],  # this process's
+                                       key=lambda item: item.state_id)           # state_ids
         trajectories = self.agent_loop.run(items, cfg.grpo.group_size)
         t1 = time.monotonic()
         record = self.update(trajectories)
@@ -278,7 +297,7 @@ class GrpoRound:
         if step % cfg.grpo.checkpoint.every == 0 or step == steps:
           ckpt.save(step, self.state, data_state=reader.get_state(),
                     outer_state={"round": self.round_index, "steps": history, "seconds": seconds})
-    nnx.update(self.model, self.state.params)
+    nnx.update(self.model, multihost.local_copy(self.state.params))
     healthy = all(r["skipped_now"] == 0 for r in history)
     return RoundOutcome(params=self.state.params, steps=history, seconds=seconds,
                         healthy=healthy)
