@@ -195,6 +195,11 @@ def _check_grpo_loss(ck: _Checker) -> None:
                                             "clip_high", "dual_clip", "kl_coef", "tis_cap")})
   except (ValueError, TypeError) as e:
     ck.fail("grpo", str(e))
+  processes, groups = ck.get("distributed.num_processes"), ck.get("grpo.prompt_groups")
+  if (ck.get("distributed.enabled") and isinstance(processes, int) and processes > 0
+      and isinstance(groups, int) and groups % processes):
+    ck.fail("grpo.prompt_groups", f"{groups} state_id groups do not split evenly over "
+            f"distributed.num_processes = {processes} (each process rolls out whole groups)")
   engine = ck.get("rollout.engine")
   if ck.get("grpo.tis_cap") is not None and engine not in ENGINES_WITH_SAMPLER_LOGPROBS:
     ck.fail("grpo.tis_cap", f"truncated IS needs sampler logprobs, which rollout.engine "

@@ -222,7 +222,9 @@ class GrpoRound:
 
   def _serve_current(self, step: int) -> None:
     acting = nnx.merge(self.graphdef, multihost.local_copy(self.state.params), self.rest)
-    self.server.load(acting, f"round{self.round_index}-step{step}")
+    version = f"round{self.round_index}-step{step}"
+    # Multi-host SGLang: process 0 exports to the shared directory before the others load it.
+    multihost.primary_first(f"serve {version}", lambda: self.server.load(acting, version))
     self.server.reseed(derive_seed("rollout", self.cfg.seed, self.round_index, step) & 0x7FFFFFFF)
 
   def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
