@@ -23,10 +23,14 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (created; reused 
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def _initialize_distributed(section) -> None:
-  """`jax.distributed.initialize` from the config, or from the launcher's environment."""
+def initialize_distributed(section) -> None:
+  """`jax.distributed.initialize` from the config's `distributed` section (coordinator, process
+  count and id; e.g. `--config.distributed.process_id=1`), or from the launcher's environment
+  (SLURM, Open MPI) when no coordinator is given."""
   import jax
   from bat_jax import sharding
+  # CPU hosts need an explicit cross-process collectives backend (GPUs use NCCL regardless).
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if section.coordinator_address:
     jax.distributed.initialize(coordinator_address=section.coordinator_address,
                                num_processes=section.num_processes,
@@ -52,7 +56,7 @@ def main(argv: list[str]) -> int:
   if cfg.distributed.xla_mem_fraction is not None:  # before JAX touches a GPU
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(cfg.distributed.xla_mem_fraction))
   if cfg.distributed.enabled:
-    _initialize_distributed(cfg.distributed)
+    initialize_distributed(cfg.distributed)
   # A persistent XLA cache per run: a resumed run (and the SFT step, compiled once ahead of
   # time for its memory analysis and once by the loop) does not pay for compiling twice.
   import jax

@@ -33,6 +33,9 @@ LAYER_TYPES = ("linear_attention", "full_attention")
 DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZER_SOURCES = ("pretrained", "train")
 ROLLOUT_ENGINES = ("jax", "sglang")
+# Engines whose completions carry the sampler's per-token logprobs (truncated IS needs them).
+ENGINES_WITH_SAMPLER_LOGPROBS = ("jax", "sglang")
+KL_REFERENCES = ("sft", "round_start")
 STAGEBANK_MODES = ("spawn", "connect")
 EVALUATOR_KINDS = ("builtin", "external")
 EXTERNAL_PLACEHOLDERS = ("{checkpoint}", "{request}", "{output}")
@@ -174,16 +177,36 @@ def _check_training(ck: _Checker) -> None:
               "grpo.logprob_chunk_size")
   ck.that("grpo.group_size", lambda v: v >= 2, ">= 2 (a group of one has zero advantage)")
   ck.one_of("grpo.advantage.mode", ADVANTAGE_ESTIMATORS)
-  try:  # the loss's own checks (modes from its registries, clip / KL / TIS ranges)
-    validate_loss_config(**{k: ck.get(f"grpo.{k}") for k in (
-        "kl_estimator", "loss_agg", "clip_low", "clip_high", "dual_clip", "kl_coef", "tis_cap")})
-  except (ValueError, TypeError) as e:
-    ck.fail("grpo", str(e))
+  _check_grpo_loss(ck)
   groups, size = ck.get("grpo.prompt_groups"), ck.get("grpo.group_size")
   micro = ck.get("grpo.micro_batches")
   if all(isinstance(v, int) and v > 0 for v in (groups, size, micro)) and (groups * size) % micro:
     ck.fail("grpo.micro_batches", f"{micro} does not divide the {groups * size} trajectories "
             "of an update (grpo.prompt_groups x grpo.group_size)")
+
+
+def _check_grpo_loss(ck: _Checker) -> None:
+  """The loss's own checks, plus the settings the loss needs from the rest of the run."""
+  ck.one_of("grpo.kl_reference", KL_REFERENCES)
+  if ck.get("grpo.loss_norm_length") is not None:
+    ck.positive("grpo.loss_norm_length")
+  try:  # modes from the loss's registries, clip / KL / TIS ranges
+    validate_loss_config(
+        norm_length=ck.get("grpo.loss_norm_length")
+        or ck.get("rollout.limits.max_response_tokens"),
+        **{k: ck.get(f"grpo.{k}") for k in ("kl_estimator", "loss_agg", "clip_low",
+                                            "clip_high", "dual_clip", "kl_coef", "tis_cap")})
+  except (ValueError, TypeError) as e:
+    ck.fail("grpo", str(e))
+  processes, groups = ck.get("distributed.num_processes"), ck.get("grpo.prompt_groups")
+  if (ck.get("distributed.enabled") and isinstance(processes, int) and processes > 0
+      and isinstance(groups, int) and groups % processes):
+    ck.fail("grpo.prompt_groups", f"{groups} state_id groups do not split evenly over "
+            f"distributed.num_processes = {processes} (each process rolls out whole groups)")
+  engine = ck.get("rollout.engine")
+  if ck.get("grpo.tis_cap") is not None and engine not in ENGINES_WITH_SAMPLER_LOGPROBS:
+    ck.fail("grpo.tis_cap", f"truncated IS needs sampler logprobs, which rollout.engine "
+            f"{engine!r} does not return (engines that do: {list(ENGINES_WITH_SAMPLER_LOGPROBS)})")
 
 
 def _check_rollout(ck: _Checker) -> None:

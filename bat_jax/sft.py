@@ -158,7 +158,10 @@ def run_sft(model: nnx.Module, examples: Sequence[Example], cfg: SftConfig,
       batches.set_state(restored.data_state)
     step = int(state.step)
     while step < cfg.num_steps:
-      state, metrics = train_step(state, next(batches), frozen)
+      batch = next(batches)
+      if shardings is not None:  # every process holds the same batch (multi-host: global arrays)
+        batch = jax.device_put(batch, dict(shardings.batch))
+      state, metrics = train_step(state, batch, frozen)
       step = int(state.step)
       if on_step is not None:
         on_step(step, metrics)

@@ -122,13 +122,24 @@ def base_config() -> ml_collections.ConfigDict:
   c.grpo.schedule = "constant"           # not in the release
   c.grpo.weight_decay = 0.0              # not in the release
   c.grpo.kl_coef = 0.006                 # KL as a loss term, never in the reward
-  c.grpo.kl_estimator = "k3"             # not in the release (verl's low_var_kl)
+  c.grpo.kl_estimator = "k3"             # not in the release (verl's low_var_kl, clamped as verl)
+  # The KL anchor: "sft" (the cold-start SFT policy, every round; verl's reference is the model
+  # the RL run started from) or "round_start" (the policy each round starts from). README argues
+  # the default.
+  c.grpo.kl_reference = "sft"
   c.grpo.loss_agg = "seq-mean-token-mean"
+  # seq-mean-token-sum-norm's constant length (denominator = sequences x this; verl's
+  # loss_scale_factor). None: rollout.limits.max_response_tokens.
+  c.grpo.loss_norm_length = config_dict.placeholder(int)
   c.grpo.advantage = ml_collections.ConfigDict({"mode": "grpo", "std_normalize": False})
   c.grpo.clip_low = 0.2                  # not in the release
   c.grpo.clip_high = 0.2                 # not in the release
-  c.grpo.dual_clip = config_dict.placeholder(float)  # None: off
-  c.grpo.tis_cap = config_dict.placeholder(float)    # None: off
+  # Dual clip for A < 0: the loss is capped at -A * dual_clip. 3.0 is verl's clip_ratio_c
+  # default (always on there); None turns it off. Not in the release.
+  c.grpo.dual_clip = config_dict.FieldReference(3.0, field_type=float)
+  # Truncated importance sampling: per-token weight min(exp(old_logp - sampler_logp), tis_cap)
+  # against sampler/trainer mismatch (verl's tis_imp_ratio_cap; 2.0 is a common value). None: off.
+  c.grpo.tis_cap = config_dict.placeholder(float)
   c.grpo.max_grad_norm = 1.0             # not in the release
   c.grpo.micro_batches = 4
   c.grpo.logprob_chunk_size = 512        # sequence chunk of the taken-token logprob scan

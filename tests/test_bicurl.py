@@ -23,7 +23,8 @@ from tests.bicurl.fast_config import fast_config
 def _traj(state_id: str, reward: float, n: int = 5) -> Trajectory:
   return Trajectory(state_id=state_id, stage="S1", pool="s_target", task_id="t", sample_index=0,
                     token_ids=list(range(1, n + 1)), loss_mask=[0, 0] + [1] * (n - 2),
-                    sampler_logp=[0.0] * n, prompt_len=2, reward=reward)
+                    sampler_logp=[0.0] * n, prompt_len=2, reward=reward,
+                    finish_reason="agent_stop")
 
 
 def test_bucket_length_is_a_power_of_two_within_the_cap():

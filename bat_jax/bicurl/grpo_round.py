@@ -1,7 +1,8 @@
 """One GRPO round: Stage Bank batches -> G rollouts per state_id -> rubric rewards -> update.
 
-The round starts from the last promoted policy with a fresh optimizer, keeps the SFT policy as
-the KL reference, and checkpoints (orbax: train state, round-reader position, the round's step
+The round starts from the last promoted policy with a fresh optimizer, keeps the SFT policy
+(`grpo.kl_reference = "sft"`) or the round's start policy (`"round_start"`) as the KL
+reference, and checkpoints (orbax: train state, round-reader position, the round's step
 log and phase times) every `grpo.checkpoint.every` steps. Rollouts are replayable: before step
 k the engine gets the params of step k and a sampler seed derived from (seed, round, k), so a
 run killed mid-round and restarted reproduces the same trajectories and the same params.
@@ -24,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from bat_jax import sharding
+from bat_jax.bicurl import multihost
 from bat_jax.checkpointing import Checkpointer
 from bat_jax.grpo import (GrpoConfig, OptimizerConfig, StepConfig, build_step_fn,
                           group_advantages, grpo_loss_fn, init_train_state, make_optimizer,
@@ -31,6 +33,8 @@ from bat_jax.grpo import (GrpoConfig, OptimizerConfig, StepConfig, build_step_fn
                           taken_token_logprobs)
 from bat_jax.rollout import (AgentLoop, RolloutItem, RolloutLimits, SamplingParams, Trajectory,
                              collate, task_environments)
+from bat_jax.grpo.advantages import valid_group_members
+from bat_jax.grpo.loss import sampler_gap_stats
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.stagebank.reader import RoundReader
 from bat_jax.stagebank.rounds import derive_seed
@@ -60,6 +64,7 @@ def grpo_config(cfg: ml_collections.ConfigDict) -> GrpoConfig:
                     clip_low=g.clip_low, clip_high=g.clip_high, dual_clip=g.dual_clip,
                     kl_coef=g.kl_coef, kl_estimator=g.kl_estimator, loss_agg=g.loss_agg,
                     tis_cap=g.tis_cap, temperature=cfg.rollout.sampling.temperature,
+                    norm_length=g.loss_norm_length or cfg.rollout.limits.max_response_tokens,
                     logprob_chunk_size=g.logprob_chunk_size)
 
 
@@ -70,25 +75,53 @@ def bucket_length(longest: int, cap: int) -> int:
 
 
 def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConfig,
-                  pad_id: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+                  pad_id: int, longest: Optional[int] = None
+                  ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
   """The GRPO batch (less `old_logp`) and rollout statistics.
 
-  Advantages are computed within each state_id's group only (`group_advantages`).
+  Errored and aborted trajectories (`Trajectory.trainable` False) are infrastructure failures,
+  not policy behaviour: they get loss mask 0 and stay out of their group's baseline. A group
+  left with fewer than 2 trainable members has no baseline and is dropped (mask 0). Rows are
+  kept (zeroed, not removed) so the batch shape, and hence the compiled step, stays the same.
+  Advantages are computed within each state_id's group only (`group_advantages`). `longest`
+  (default: of these trajectories) sets the padded length, so processes can agree on one.
   """
-  longest = max(len(t.token_ids) for t in trajectories)
-  batch = collate(trajectories, max_len=bucket_length(longest, max_len), pad_id=pad_id)
-  advantages = np.asarray(group_advantages(batch["rewards"], batch["group_ids"],
-                                           mode=cfg.advantage_mode,
+  longest = longest or max(len(t.token_ids) for t in trajectories)
+  collated = collate(trajectories, max_len=bucket_length(longest, max_len), pad_id=pad_id)
+  valid = np.array([t.trainable for t in trajectories])
+  members = np.asarray(valid_group_members(collated["group_ids"], valid))
+  keep = valid & (members >= 2)
+  advantages = np.asarray(group_advantages(collated["rewards"], collated["group_ids"],
+                                           valid=valid, mode=cfg.advantage_mode,
                                            std_normalize=cfg.std_normalize))
-  rewards = batch["rewards"]
+  rewards = collated["rewards"][valid] if valid.any() else np.zeros(1, np.float32)
+  reasons = [t.finish_reason for t in trajectories]
+  dropped_groups = {g for g, v, n in zip(collated["group_ids"], valid, members) if n < 2}
   stats = {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
            "reward_max": float(rewards.max()),
            "response_tokens": float(np.mean([t.num_response_tokens for t in trajectories])),
            "tool_calls": float(np.mean([t.num_tool_calls for t in trajectories])),
-           "errors": float(sum(t.finish_reason == "error" for t in trajectories)),
-           "length": float(longest)}
-  return {"input_ids": batch["input_ids"], "loss_mask": batch["loss_mask"],
-          "advantages": advantages.astype(np.float32)}, stats
+           "errors": float(reasons.count("error")), "aborted": float(reasons.count("aborted")),
+           "excluded_trajectories": float((~keep).sum()),
+           "dropped_groups": float(len(dropped_groups)), "length": float(longest)}
+  # The sampler's logprobs ride along for truncated IS and the sampler_gap metric.
+  return {"input_ids": collated["input_ids"],
+          "loss_mask": collated["loss_mask"] * keep[:, None].astype(np.float32),
+          "advantages": np.where(keep, advantages, 0.0).astype(np.float32),
+          "sampler_logp": collated["sampler_logp"]}, stats
+
+
+@jax.jit
+def _sampler_gap_sums(old_logp, sampler_logp, loss_mask):
+  mask = loss_mask.astype(jnp.float32)
+  return {**sampler_gap_stats(old_logp, sampler_logp, mask), "tokens": mask.sum()}
+
+
+def sampler_gap(old_logp: jax.Array, batch: dict[str, Any]) -> dict[str, float]:
+  """Mean and max |trainer old_logp - sampler logprob| over the loss tokens (0 when none)."""
+  sums = jax.device_get(_sampler_gap_sums(old_logp, batch["sampler_logp"], batch["loss_mask"]))
+  return {"sampler_gap": float(sums["sampler_gap_sum"]) / max(float(sums["tokens"]), 1.0),
+          "sampler_gap_max": float(sums["sampler_gap_max"])}
 
 
 # AOT-compiled train steps, keyed by everything the compiled program depends on.
@@ -122,7 +155,8 @@ class GrpoRound:
     cfg: the run config.
     round_index: the round.
     start_model: the policy the round starts from (updated in place at the end).
-    ref_params: the KL reference's params (the SFT policy's).
+    ref_params: the SFT policy's params (the KL reference unless `grpo.kl_reference` is
+      "round_start", which copies `start_model`'s).
     server: the policy server rollouts are generated with (`bicurl.policy`).
     chat: the policy's chat format.
     checkpoint_dir: this round's orbax directory.
@@ -145,8 +179,15 @@ class GrpoRound:
     self.mesh, self.rules = run_mesh(cfg), tuple(cfg.sharding.rules)
     self.state = init_train_state(params, self.optimizer,
                                   seed=derive_seed("grpo", cfg.seed, round_index) & 0x7FFFFFFF)
+    if cfg.grpo.kl_reference == "round_start":
+      # A copy: the train state (and so `params`) is donated to the step.
+      ref_params = jax.tree.map(jnp.copy, params)
     self.frozen = {"rest": self.rest,
                    "ref_params": ref_params if self.loss_cfg.kl_coef > 0 else None}
+    # On the mesh from the start (multi-host: global arrays), so a restore lands there too.
+    placed = step_shardings(self.state, {}, self.frozen, self.optimizer, self.mesh, self.rules)
+    self.state, self.frozen = multihost.place((self.state, self.frozen),
+                                              (placed.state, placed.frozen))
     self.max_len = cfg.rollout.limits.max_context_tokens or cfg.rollout.jax.max_len
     self.agent_loop = AgentLoop(
         server.engine, chat, task_environments(workspace_root, SandboxLimits(**cfg.sandbox.to_dict()),
@@ -180,9 +221,46 @@ class GrpoRound:
     return _COMPILED_STEPS[key]
 
   def _serve_current(self, step: int) -> None:
-    acting = nnx.merge(self.graphdef, self.state.params, self.rest)
-    self.server.load(acting, f"round{self.round_index}-step{step}")
+    acting = nnx.merge(self.graphdef, multihost.local_copy(self.state.params), self.rest)
+    version = f"round{self.round_index}-step{step}"
+    # Multi-host SGLang: process 0 exports to the shared directory before the others load it.
+    multihost.primary_first(f"serve {version}", lambda: self.server.load(acting, version))
     self.server.reseed(derive_seed("rollout", self.cfg.seed, self.round_index, step) & 0x7FFFFFFF)
+
+  def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
+    """One GRPO step on one batch of rollouts; returns its metrics.
+
+    The old-logprob pass runs every step, so `sampler_gap` (trainer vs sampler logprobs of the
+    same tokens) is logged even when the update itself is skipped for lack of signal.
+    """
+    longest = multihost.agree_max(max(len(t.token_ids) for t in trajectories))
+    batch, stats = rollout_batch(trajectories, max_len=self.max_len, cfg=self.loss_cfg,
+                                 pad_id=self.chat.endoftext_id, longest=longest)
+    signal = multihost.agree_any(np.any(batch["advantages"]))
+    stats = multihost.combine_stats(stats)
+    shardings = {k: sharding.batch_sharding(self.mesh, v.ndim) for k, v in batch.items()}
+    batch = multihost.global_batch(batch, shardings)
+    skipped_before = int(self.state.skipped)
+    batch["old_logp"] = jax.device_put(
+        self._old_logp(self.state.params, jnp.asarray(batch["input_ids"])),
+        sharding.batch_sharding(self.mesh, 2))
+    stats.update(sampler_gap(batch["old_logp"], batch))
+    if signal:
+      self.state, metrics = self._compiled_step(batch)(self.state, batch, self.frozen)
+      metrics = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
+      metrics["no_signal"] = 0.0
+    else:
+      # Every group's rewards are tied (or dropped), so the policy term is exactly zero; only
+      # the KL term would remain, and AdamW would rescale its ~1e-8 gradient into lr-sized
+      # steps that drift the policy with no learning signal. The data still moves on.
+      self.state = self.state.replace(step=self.state.step + 1)
+      metrics = {"loss": 0.0, "grad_norm": 0.0, "update_applied": 0.0, "no_signal": 1.0}
+    if not all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")):
+      raise FloatingPointError(f"round {self.round_index} step {int(self.state.step)}: "
+                               f"non-finite GRPO update (loss {metrics['loss']}, grad_norm "
+                               f"{metrics['grad_norm']})")
+    return {**stats, **metrics,
+            "skipped_now": float(int(self.state.skipped) - skipped_before)}
 
   # -- the round -----------------------------------------------------------------------------
 
@@ -206,41 +284,23 @@ class GrpoRound:
         rows = next(reader)
         t0 = time.monotonic()
         self._serve_current(step)
-        items = [RolloutItem.from_row(r) for r in rows]
+        items = multihost.split_groups([RolloutItem.from_row(r) for r in rows],  # this process's
+                                       key=lambda item: item.state_id)           # state_ids
         trajectories = self.agent_loop.run(items, cfg.grpo.group_size)
         self.server.rollouts_done()  # SGLang may free its GPU memory for the train step
-        batch, stats = rollout_batch(trajectories, max_len=self.max_len, cfg=self.loss_cfg,
-                                     pad_id=self.chat.endoftext_id)
         t1 = time.monotonic()
-        skipped_before = int(self.state.skipped)
-        if np.any(batch["advantages"]):
-          batch["old_logp"] = self._old_logp(self.state.params, jnp.asarray(batch["input_ids"]))
-          self.state, metrics = self._compiled_step(batch)(self.state, batch, self.frozen)
-          metrics = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
-          metrics["no_signal"] = 0.0
-        else:
-          # Every group's rewards are tied, so the policy term is exactly zero; only the KL term
-          # would remain, and AdamW would rescale its ~1e-8 gradient into lr-sized steps that
-          # drift the policy with no learning signal. The data still moves on.
-          self.state = self.state.replace(step=self.state.step + 1)
-          metrics = {"loss": 0.0, "grad_norm": 0.0, "update_applied": 0.0, "no_signal": 1.0}
-        t2 = time.monotonic()
+        record = self.update(trajectories)
         step = int(self.state.step)
-        if not all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")):
-          raise FloatingPointError(f"round {self.round_index} step {step}: non-finite GRPO "
-                                   f"update (loss {metrics['loss']}, grad_norm "
-                                   f"{metrics['grad_norm']})")
         seconds["rollout"] += t1 - t0
-        seconds["update"] += t2 - t1
-        record = {"step": step, **stats, **metrics,
-                  "skipped_now": float(int(self.state.skipped) - skipped_before)}
+        seconds["update"] += time.monotonic() - t1
+        record = {"step": step, **record}
         history.append(record)
         if on_step is not None:
           on_step(step, record)
         if step % cfg.grpo.checkpoint.every == 0 or step == steps:
           ckpt.save(step, self.state, data_state=reader.get_state(),
                     outer_state={"round": self.round_index, "steps": history, "seconds": seconds})
-    nnx.update(self.model, self.state.params)
+    nnx.update(self.model, multihost.local_copy(self.state.params))
     healthy = all(r["skipped_now"] == 0 for r in history)
     return RoundOutcome(params=self.state.params, steps=history, seconds=seconds,
                         healthy=healthy)

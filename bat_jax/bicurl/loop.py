@@ -30,10 +30,10 @@ from tensorboardX import SummaryWriter
 
 from bat_jax import curriculum, gate
 from bat_jax.bicurl import bank as bank_lib
-from bat_jax.bicurl import setup
+from bat_jax.bicurl import multihost, setup
 from bat_jax.bicurl.grpo_round import (GrpoRound, bucket_length, optimizer_config, run_mesh)
 from bat_jax.bicurl.policy import PolicyServer, evaluate_policy, make_policy_server
-from bat_jax.bicurl.report import headline, write_report
+from bat_jax.bicurl.report import build_report, headline, write_report
 from bat_jax.bicurl.state import OuterState, RoundRecord, RunPaths, round_policy_name
 from bat_jax.checkpointing import export_hf
 from bat_jax.config_validation import validate_config
@@ -66,7 +66,8 @@ class _Tracker:
   """TensorBoard scalars (tensorboardX) and tqdm bars, each switchable in `cfg.logging`."""
 
   def __init__(self, cfg: ml_collections.ConfigDict, paths: RunPaths):
-    self.writer = SummaryWriter(str(paths.tensorboard)) if cfg.logging.tensorboard else None
+    self.writer = (SummaryWriter(str(paths.tensorboard))
+                   if cfg.logging.tensorboard and multihost.is_primary() else None)
     self.progress = cfg.logging.progress
     self.every = cfg.logging.log_every_steps
 
@@ -110,7 +111,8 @@ def _cold_start(cfg: ml_collections.ConfigDict, paths: RunPaths, chat: Any,
                 tracker: _Tracker) -> tuple[nnx.Module, Optional[float]]:
   """Cold-start SFT on the Stage Bank's expert rows, resumable from its orbax checkpoints;
   returns the model and its validation NLL."""
-  rows_dir = setup.prepare_sft_rows(cfg, paths.sft_rows, paths.markers)
+  rows_dir = multihost.primary_first(
+      "sft_rows", lambda: setup.prepare_sft_rows(cfg, paths.sft_rows, paths.markers))
   train, validation = setup.sft_examples(cfg, rows_dir, chat)
   max_len = bucket_length(max(setup.example_lengths(train)), cfg.sft.max_seq_len)
   model = setup.initial_model(cfg)
@@ -134,6 +136,7 @@ def _cold_start(cfg: ml_collections.ConfigDict, paths: RunPaths, chat: Any,
     bar.set_postfix(loss=f"{values['loss']:.3f}")
 
   run_sft(model, train, sft_cfg, paths.sft_checkpoints, shardings=shardings, on_step=on_step)
+  nnx.update(model, multihost.local_copy(nnx.state(model, nnx.Param)))
   bar.close()
   nll = _validation_nll(model, validation, max_len=max_len, pad_id=chat.endoftext_id,
                         chunk_size=cfg.grpo.logprob_chunk_size)
@@ -165,8 +168,12 @@ def _validation_nll(model: nnx.Module, examples: list, *, max_len: int, pad_id: 
 def _evaluate(cfg: ml_collections.ConfigDict, state: OuterState, paths: RunPaths,
               server: PolicyServer, chat: Any, model: nnx.Module, name: str,
               tracker: _Tracker) -> dict[str, Any]:
-  """Serves `model` and evaluates it (cached per policy name); records the headline."""
+  """Serves `model` and evaluates it (cached per policy name); records the headline.
+  Multi-host: process 0 evaluates, the others read its cached report."""
   with state.timed("evaluation"):
+    multihost.barrier(f"evaluate {name}: exported")
+    if not multihost.is_primary():
+      multihost.barrier(f"evaluate {name}: done")
     if not paths.eval_report(name).is_file():
       server.load(model, name)
     bar = tracker.bar(0, f"evaluate {name}")
@@ -179,6 +186,8 @@ def _evaluate(cfg: ml_collections.ConfigDict, state: OuterState, paths: RunPaths
     report = evaluate_policy(cfg, server, chat, paths.policy(name), paths.eval_report(name),
                              paths.eval_records(name), progress=progress)
     bar.close()
+    if multihost.is_primary():
+      multihost.barrier(f"evaluate {name}: done")
   state.evaluations[name] = {**headline(report), "params_sha256": params_digest(model)}
   index = 0 if name == "sft" else int(name.split("_")[-1]) + 1
   tracker.scalars("eval", {"overall": report["overall"], "task": report["task_score"],
@@ -193,7 +202,8 @@ def _check_same_config(cfg: ml_collections.ConfigDict, path: Path) -> None:
   naming every field that differs, since it would mix two experiments in one directory."""
   current = json.loads(cfg.to_json_best_effort(sort_keys=True))
   if not path.is_file():
-    atomic_write_json(path, current)
+    if multihost.is_primary():
+      atomic_write_json(path, current)
     return
   saved = json.loads(path.read_text())
   changed = sorted(k for k in set(saved) | set(current)
@@ -209,6 +219,15 @@ def _diff(saved: Any, current: Any, prefix: str = "") -> str:
     return ", ".join(_diff(saved.get(k), current.get(k), f"{prefix}{k}.")
                      for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k))
   return f"{prefix.rstrip('.') or 'value'} {saved!r} -> {current!r}"
+
+
+def _save(state: OuterState, paths: RunPaths) -> None:
+  if multihost.is_primary():  # every process holds the same state; one writes it
+    state.save(paths.workdir)
+
+
+def _report(state: OuterState, paths: RunPaths) -> dict[str, Any]:
+  return write_report(paths.workdir, state) if multihost.is_primary() else build_report(state)
 
 
 def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
@@ -229,11 +248,15 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
   server: Optional[PolicyServer] = None
 
   # ============================================================================ setup
-  tokenizer_dir = setup.prepare_tokenizer(cfg, paths.tokenizer)
+  tokenizer_dir = multihost.primary_first(
+      "tokenizer", lambda: setup.prepare_tokenizer(cfg, paths.tokenizer))
   chat = setup.chat_format(cfg, tokenizer_dir)
-  bank_lib.write_markers(cfg, paths.markers)
+  multihost.primary_first("markers", lambda: bank_lib.write_markers(cfg, paths.markers))
   bank_dir = Path(cfg.stagebank.dir) if cfg.stagebank.dir else paths.stagebank
-  bank = bank_lib.StageBank.start(cfg, bank_dir, paths.markers, paths.logs / "stagebank.log")
+  if multihost.is_primary():  # one Stage Bank; the other processes read its rounds
+    bank = bank_lib.StageBank.start(cfg, bank_dir, paths.markers, paths.logs / "stagebank.log")
+  else:
+    bank = bank_lib.StageBank(bank_dir, None, cfg.stagebank.request_timeout_s)
   try:
     # ========================================================================== cold-start SFT
     if not state.sft_done:
@@ -241,7 +264,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
         model, state.sft_validation_nll = _cold_start(cfg, paths, chat, tracker)
       export_hf(model, paths.policy("sft"), tokenizer_dir=tokenizer_dir)
       state.sft_done, state.baseline = True, "sft"
-      state.save(paths.workdir)
+      _save(state, paths)
+    multihost.barrier("sft exported")
     sft_model = setup.load_policy(cfg, paths.policy("sft"))
     ref_params = nnx.state(sft_model, nnx.Param)
     server = make_policy_server(sft_model, cfg, paths.workdir, tokenizer_dir)
@@ -251,7 +275,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
     if state.next_weights is None:
       state.next_weights = _weights_json(curriculum.weights(
           baseline_report["stage_scores"], None, True, curriculum_cfg))
-      state.save(paths.workdir)
+      _save(state, paths)
     if state.baseline != "sft":
       baseline_report = evaluate_policy(cfg, server, chat, paths.policy(state.baseline),
                                         paths.eval_report(state.baseline),
@@ -260,7 +284,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
     # ========================================================================== BiCuRL rounds
     for r in range(len(state.rounds), cfg.grpo.rounds):
       weights = state.next_weights
-      bank.request(r, weights)  # idempotent; normally already sent at the end of round r-1
+      if multihost.is_primary():  # idempotent; normally already sent at the end of round r-1
+        bank.request(r, weights)
       with state.timed("stagebank_wait"):
         round_dir = bank.wait(r)
 
@@ -292,7 +317,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
       next_weights = _weights_json(curriculum.weights(
           candidate_report["stage_scores"], baseline_report["stage_scores"], decision.passed,
           curriculum_cfg))
-      if r + 1 < cfg.grpo.rounds:
+      if r + 1 < cfg.grpo.rounds and multihost.is_primary():
         bank.request(r + 1, next_weights)  # as early as possible: synthesis overlaps the rest
       state.rounds.append(RoundRecord(
           round=r, target=RoundWeights.coerce(weights).primary_stage, weights=weights,
@@ -303,15 +328,15 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
       state.next_weights = next_weights
       if decision.passed:  # a held candidate is never the next start: the baseline stays
         state.baseline, baseline_report = name, candidate_report
-      state.save(paths.workdir)
-      write_report(paths.workdir, state)
+      _save(state, paths)
+      _report(state, paths)
       log.info("round %d: target %s, gate %s%s", r, state.rounds[-1].target,
                "pass" if decision.passed else "hold",
                "" if decision.passed else f" ({'; '.join(decision.reasons)})")
 
     # ============================================================================ report
-    state.save(paths.workdir)
-    return write_report(paths.workdir, state)
+    _save(state, paths)
+    return _report(state, paths)
   finally:
     bank.close()
     if server is not None:

@@ -4,6 +4,10 @@ Advantages are computed per group: every continuation of one `state_id` shares a
 reward is only ever compared with the rewards of its own group. Group ids are arbitrary integers
 and need not be contiguous in the batch, so groups are resolved with a `[B, B]` same-group matrix
 (B is a few dozen rollouts per update, so this is cheap and needs no segment bookkeeping).
+
+Rows marked invalid (an errored or aborted rollout: infrastructure, not the policy) take no part
+in any group statistic and get advantage 0; a group with fewer than 2 valid members gets 0 for
+every row (`valid_group_members` tells the caller which groups to drop from the loss).
 """
 
 from __future__ import annotations
@@ -16,19 +20,20 @@ import jax.numpy as jnp
 AdvantageFn = Callable[..., jax.Array]
 
 
-def _group_stats(rewards: jax.Array,
-                 group_ids: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Per-row group size, group sum and same-group matrix.
+def _group_stats(rewards: jax.Array, group_ids: jax.Array,
+                 valid: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Per-row valid-member count, group sum and same-group matrix.
 
   Args:
     rewards: `[B]` float rewards.
     group_ids: `[B]` integer group ids.
+    valid: `[B]` bool; invalid rows are left out of every group.
 
   Returns:
     `(count [B], total [B], same [B, B])`, where `same[i, j]` is True when rows i and j share a
-    group.
+    group and row j is valid.
   """
-  same = group_ids[:, None] == group_ids[None, :]
+  same = (group_ids[:, None] == group_ids[None, :]) & valid[None, :]
   count = same.sum(axis=1).astype(rewards.dtype)
   return count, _group_sum(same, rewards), same
 
@@ -39,28 +44,28 @@ def _group_sum(same: jax.Array, values: jax.Array) -> jax.Array:
   return jnp.where(same, values[None, :], 0.0).sum(axis=1)
 
 
-def grpo_advantages(rewards: jax.Array, group_ids: jax.Array, *, std_normalize: bool = False,
-                    eps: float = 1e-6) -> jax.Array:
+def grpo_advantages(rewards: jax.Array, group_ids: jax.Array, valid: jax.Array, *,
+                    std_normalize: bool = False, eps: float = 1e-6) -> jax.Array:
   """GRPO: `r - mean_g`, optionally divided by `(std_g + eps)` with the sample std (ddof=1)."""
-  count, total, same = _group_stats(rewards, group_ids)
+  count, total, same = _group_stats(rewards, group_ids, valid)
   centred = rewards - total / count
   if std_normalize:
     sq = _group_sum(same, rewards ** 2)
     # Sample variance from sums: (sum r^2 - n * mean^2) / (n - 1); groups of one are zeroed below.
     var = (sq - total ** 2 / count) / jnp.maximum(count - 1.0, 1.0)
     centred = centred / (jnp.sqrt(jnp.maximum(var, 0.0)) + eps)
-  return jnp.where(count > 1, centred, 0.0)
+  return jnp.where(valid & (count > 1), centred, 0.0)
 
 
-def rloo_advantages(rewards: jax.Array, group_ids: jax.Array, *, std_normalize: bool = False,
-                    eps: float = 1e-6) -> jax.Array:
+def rloo_advantages(rewards: jax.Array, group_ids: jax.Array, valid: jax.Array, *,
+                    std_normalize: bool = False, eps: float = 1e-6) -> jax.Array:
   """RLOO: `r_i` minus the mean of the other members of its group (no std normalisation)."""
   del eps
   if std_normalize:
     raise ValueError("std_normalize is not defined for advantage mode 'rloo'")
-  count, total, _ = _group_stats(rewards, group_ids)
+  count, total, _ = _group_stats(rewards, group_ids, valid)
   loo_mean = (total - rewards) / jnp.maximum(count - 1.0, 1.0)
-  return jnp.where(count > 1, rewards - loo_mean, 0.0)
+  return jnp.where(valid & (count > 1), rewards - loo_mean, 0.0)
 
 
 ADVANTAGE_ESTIMATORS: Mapping[str, AdvantageFn] = {
@@ -75,8 +80,14 @@ def check_mode(kind: str, mode: str, registry: Mapping[str, object]) -> None:
     raise ValueError(f"unknown {kind} {mode!r}; valid: {sorted(registry)}")
 
 
-def group_advantages(rewards, group_ids, *, mode: str = "grpo", std_normalize: bool = False,
-                     eps: float = 1e-6) -> jax.Array:
+def valid_group_members(group_ids, valid) -> jax.Array:
+  """`[B]` number of valid rows in each row's group (a group below 2 carries no signal)."""
+  group_ids, valid = jnp.asarray(group_ids), jnp.asarray(valid, bool)
+  return ((group_ids[:, None] == group_ids[None, :]) & valid[None, :]).sum(axis=1)
+
+
+def group_advantages(rewards, group_ids, *, valid=None, mode: str = "grpo",
+                     std_normalize: bool = False, eps: float = 1e-6) -> jax.Array:
   """Group-relative advantages; never normalised across groups.
 
   Args:
@@ -84,19 +95,26 @@ def group_advantages(rewards, group_ids, *, mode: str = "grpo", std_normalize: b
       when the values are concrete; under `jit` they propagate and the train step's finite guard
       skips the update.
     group_ids: `[B]` integer group ids (e.g. a hash of `state_id`), any order.
+    valid: `[B]` bool, default all True; invalid rows (errored / aborted rollouts) are left out
+      of their group's statistics and get 0. Their rewards are never read (NaN is fine).
     mode: a key of `ADVANTAGE_ESTIMATORS`.
     std_normalize: divide by the group's sample std (ddof=1) + eps (grpo only).
     eps: std floor.
 
   Returns:
-    `[B]` float32 advantages; a group of one gets 0.
+    `[B]` float32 advantages; a group with fewer than 2 valid members gets 0.
   """
   check_mode("advantage mode", mode, ADVANTAGE_ESTIMATORS)
   rewards = jnp.asarray(rewards, jnp.float32)
   group_ids = jnp.asarray(group_ids)
   if rewards.ndim != 1 or group_ids.shape != rewards.shape:
     raise ValueError(f"rewards {rewards.shape} and group_ids {group_ids.shape} must both be [B]")
+  valid = jnp.ones(rewards.shape, bool) if valid is None else jnp.asarray(valid, bool)
+  if valid.shape != rewards.shape:
+    raise ValueError(f"valid {valid.shape} must be [B] like rewards {rewards.shape}")
+  rewards = jnp.where(valid, rewards, 0.0)  # an invalid row's reward is never read
   if not isinstance(rewards, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(rewards))):
     bad = [int(i) for i in jnp.nonzero(~jnp.isfinite(rewards))[0]]
     raise ValueError(f"rewards contain non-finite values at rows {bad}")
-  return ADVANTAGE_ESTIMATORS[mode](rewards, group_ids, std_normalize=std_normalize, eps=eps)
+  return ADVANTAGE_ESTIMATORS[mode](rewards, group_ids, valid, std_normalize=std_normalize,
+                                    eps=eps)

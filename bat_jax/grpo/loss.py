@@ -36,17 +36,27 @@ def kl_k2(logp: Array, ref_logp: Array) -> Array:
   return 0.5 * (logp - ref_logp) ** 2
 
 
+# verl's stability clamps (core_algos.py): the log-ratio before every `exp`, and the k3 value.
+# Both are hard clamps: outside the range the value is constant and the gradient is zero.
+LOG_RATIO_CLAMP = 20.0
+K3_VALUE_CLAMP = 10.0
+
+
 def kl_k3(logp: Array, ref_logp: Array) -> Array:
-  log_ratio = ref_logp - logp
-  return jnp.exp(log_ratio) - log_ratio - 1.0
+  """Schulman's k3 ("low_var_kl" in verl): `exp(d) - d - 1` with `d = ref_logp - logp` clamped
+  to +-20 and the value clamped to +-10, so a token far from the reference adds at most 10 and
+  no gradient (unclamped, d = 5 gives 142 with gradient -147 per token)."""
+  log_ratio = jnp.clip(ref_logp - logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+  return jnp.clip(jnp.exp(log_ratio) - log_ratio - 1.0, -K3_VALUE_CLAMP, K3_VALUE_CLAMP)
 
 
 KL_ESTIMATORS: Mapping[str, Callable[[Array, Array], Array]] = {
     "k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 # ---------------------------------------------------------------------------------------------
-# Aggregations: (per-token loss [B, T], mask [B, T]) -> (numerator, denominator).
-# Rows whose mask is all zero contribute nothing and are not counted as sequences.
+# Aggregations: (per-token loss [B, T], mask [B, T], norm_length) -> (numerator, denominator).
+# Rows whose mask is all zero contribute nothing and are not counted as sequences, except by
+# `seq-mean-token-sum-norm`, whose denominator is a constant by design.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -54,25 +64,30 @@ def _nonempty_rows(mask: Array) -> Array:
   return (mask.sum(axis=-1) > 0).astype(jnp.float32)
 
 
-def agg_token_mean(loss: Array, mask: Array) -> tuple[Array, Array]:
+def agg_token_mean(loss: Array, mask: Array, norm_length: float) -> tuple[Array, Array]:
+  del norm_length
   return (loss * mask).sum(), mask.sum()
 
 
-def agg_seq_mean_token_mean(loss: Array, mask: Array) -> tuple[Array, Array]:
+def agg_seq_mean_token_mean(loss: Array, mask: Array, norm_length: float) -> tuple[Array, Array]:
+  del norm_length
   per_seq = (loss * mask).sum(axis=-1) / jnp.maximum(mask.sum(axis=-1), 1.0)
   return per_seq.sum(), _nonempty_rows(mask).sum()
 
 
-def agg_seq_mean_token_sum(loss: Array, mask: Array) -> tuple[Array, Array]:
+def agg_seq_mean_token_sum(loss: Array, mask: Array, norm_length: float) -> tuple[Array, Array]:
+  del norm_length
   return (loss * mask).sum(), _nonempty_rows(mask).sum()
 
 
-def agg_seq_mean_token_sum_norm(loss: Array, mask: Array) -> tuple[Array, Array]:
-  # The constant B*T normaliser (Dr. GRPO): no length bias from per-sequence token counts.
-  return (loss * mask).sum(), jnp.asarray(mask.size, jnp.float32)
+def agg_seq_mean_token_sum_norm(loss: Array, mask: Array,
+                                norm_length: float) -> tuple[Array, Array]:
+  # Dr. GRPO / verl: token sums over (rows x a configured constant length), never the padded
+  # length, so the scale does not jump when a batch lands in another length bucket.
+  return (loss * mask).sum(), jnp.asarray(mask.shape[0] * norm_length, jnp.float32)
 
 
-LOSS_AGGREGATIONS: Mapping[str, Callable[[Array, Array], tuple[Array, Array]]] = {
+LOSS_AGGREGATIONS: Mapping[str, Callable[[Array, Array, float], tuple[Array, Array]]] = {
     "token-mean": agg_token_mean,
     "seq-mean-token-mean": agg_seq_mean_token_mean,
     "seq-mean-token-sum": agg_seq_mean_token_sum,
@@ -81,8 +96,8 @@ LOSS_AGGREGATIONS: Mapping[str, Callable[[Array, Array], tuple[Array, Array]]] =
 
 
 def validate_loss_config(*, kl_estimator: str, loss_agg: str, clip_low: float, clip_high: float,
-                         dual_clip: Optional[float], kl_coef: float,
-                         tis_cap: Optional[float]) -> None:
+                         dual_clip: Optional[float], kl_coef: float, tis_cap: Optional[float],
+                         norm_length: Optional[float] = None) -> None:
   """Checks static loss options; each error names the field at fault."""
   check_mode("kl_estimator", kl_estimator, KL_ESTIMATORS)
   check_mode("loss_agg", loss_agg, LOSS_AGGREGATIONS)
@@ -96,6 +111,11 @@ def validate_loss_config(*, kl_estimator: str, loss_agg: str, clip_low: float, c
     raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
   if tis_cap is not None and tis_cap <= 0.0:
     raise ValueError(f"tis_cap must be > 0 (or None), got {tis_cap}")
+  if norm_length is not None and norm_length <= 0:
+    raise ValueError(f"norm_length must be > 0, got {norm_length}")
+  if loss_agg == "seq-mean-token-sum-norm" and norm_length is None:
+    raise ValueError("loss_agg 'seq-mean-token-sum-norm' needs norm_length (a constant, e.g. "
+                     "the configured max response length)")
 
 
 def _check_shapes(logp, old_logp, advantages, mask, ref_logp, sampler_logp) -> None:
@@ -109,15 +129,40 @@ def _check_shapes(logp, old_logp, advantages, mask, ref_logp, sampler_logp) -> N
     raise ValueError(f"advantages has shape {advantages.shape}, expected ({logp.shape[0]},)")
 
 
+def sampler_gap_stats(old_logp: Array, sampler_logp: Array, mask: Array) -> dict[str, Array]:
+  """`|old_logp - sampler_logp|` over masked tokens as a mergeable sum and a maximum."""
+  gap = jnp.abs(old_logp - sampler_logp)
+  return {"sampler_gap_sum": (gap * mask).sum(),
+          "sampler_gap_max": jnp.max(jnp.where(mask > 0, gap, 0.0))}
+
+
+def _clipped_surrogate(log_ratio: Array, adv: Array, *, clip_low: float, clip_high: float,
+                       dual_clip: Optional[float]) -> tuple[Array, Array, Array]:
+  """verl's `compute_policy_loss_vanilla` per token: `(loss, ratio, was_clipped)`, all [B, T].
+
+  The log-ratio is clamped to +-20 before `exp` (zero gradient outside), then
+  `max(-A r, -A clip(r, 1-lo, 1+hi))`, capped at `-A c` for A < 0 when `dual_clip` = c is set.
+  """
+  ratio = jnp.exp(jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+  unclipped = -adv * ratio
+  clipped = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+  per_token = jnp.maximum(unclipped, clipped)
+  if dual_clip is not None:
+    per_token = jnp.where(adv < 0, jnp.minimum(per_token, -adv * dual_clip), per_token)
+  return per_token, ratio, clipped > unclipped
+
+
 def policy_loss_terms(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
                       ref_logp: Optional[Array] = None, sampler_logp: Optional[Array] = None,
                       clip_low: float = 0.2, clip_high: float = 0.2,
                       dual_clip: Optional[float] = None, kl_coef: float = 0.0,
                       kl_estimator: str = "k3", loss_agg: str = "seq-mean-token-mean",
-                      tis_cap: Optional[float] = None) -> tuple[Array, Array, dict[str, Array]]:
+                      tis_cap: Optional[float] = None,
+                      norm_length: Optional[float] = None) -> tuple[Array, Array, dict[str, Array]]:
   """The policy loss as `(numerator, denominator, stats)`; see `policy_loss` for the arguments."""
   validate_loss_config(kl_estimator=kl_estimator, loss_agg=loss_agg, clip_low=clip_low,
-                       clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef, tis_cap=tis_cap)
+                       clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef, tis_cap=tis_cap,
+                       norm_length=norm_length)
   _check_shapes(logp, old_logp, advantages, mask, ref_logp, sampler_logp)
   if kl_coef > 0 and ref_logp is None:
     raise ValueError("kl_coef > 0 needs ref_logp")
@@ -125,34 +170,32 @@ def policy_loss_terms(logp: Array, old_logp: Array, advantages: Array, mask: Arr
     raise ValueError("tis_cap needs sampler_logp (the rollout engine's logprobs)")
   mask = mask.astype(jnp.float32)
   adv = advantages.astype(jnp.float32)[:, None]                    # [B, 1]
-  log_ratio = logp - old_logp
-  ratio = jnp.exp(log_ratio)                                        # [B, T]
-  unclipped = -adv * ratio
-  clipped = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
-  per_token = jnp.maximum(unclipped, clipped)
-  was_clipped = clipped > unclipped
-  if dual_clip is not None:
-    per_token = jnp.where(adv < 0, jnp.minimum(per_token, -adv * dual_clip), per_token)
-  if tis_cap is not None:
-    # Correct for the sampler/trainer mismatch; a constant weight, not a path for gradients.
-    tis = jnp.minimum(jnp.exp(old_logp - sampler_logp), tis_cap)
-    per_token = per_token * jax.lax.stop_gradient(tis)
+  log_ratio = logp - old_logp                                       # [B, T]
+  per_token, ratio, was_clipped = _clipped_surrogate(
+      log_ratio, adv, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
   stats = {
       "tokens": mask.sum(),
-      "pg_loss_sum": (per_token * mask).sum(),
       "clip_frac_sum": (was_clipped * mask).sum(),
       "approx_kl_sum": (0.5 * log_ratio ** 2 * mask).sum(),
       "ratio_sum": (ratio * mask).sum(),
       "ratio_max": jnp.max(jnp.where(mask > 0, ratio, -jnp.inf)),
   }
+  if tis_cap is not None:
+    # Truncated IS for the sampler/trainer mismatch: min(exp(old - sampler), cap), computed as
+    # exp(min(., log cap)) so it cannot overflow; a constant weight, not a path for gradients.
+    log_w = jnp.minimum(old_logp - sampler_logp, jnp.log(tis_cap))
+    tis = jax.lax.stop_gradient(jnp.exp(log_w))
+    per_token = per_token * tis
+    stats["tis_weight_sum"] = (tis * mask).sum()
+    stats["tis_capped_frac_sum"] = ((old_logp - sampler_logp >= jnp.log(tis_cap)) * mask).sum()
+  stats["pg_loss_sum"] = (per_token * mask).sum()
   if kl_coef > 0:
     kl = KL_ESTIMATORS[kl_estimator](logp, ref_logp)
     per_token = per_token + kl_coef * kl
     stats["kl_sum"] = (kl * mask).sum()
   if sampler_logp is not None:
-    stats["sampler_gap_sum"] = (jnp.abs(old_logp - sampler_logp) * mask).sum()
-    stats["sampler_gap_max"] = jnp.max(jnp.where(mask > 0, jnp.abs(old_logp - sampler_logp), 0.0))
-  numerator, denominator = LOSS_AGGREGATIONS[loss_agg](per_token, mask)
+    stats.update(sampler_gap_stats(old_logp, sampler_logp, mask))
+  numerator, denominator = LOSS_AGGREGATIONS[loss_agg](per_token, mask, norm_length)
   stats["sequences"] = _nonempty_rows(mask).sum()
   return numerator, denominator, stats
 
@@ -183,14 +226,16 @@ def policy_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
                 ref_logp: Optional[Array] = None, sampler_logp: Optional[Array] = None,
                 clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: Optional[float] = None,
                 kl_coef: float = 0.0, kl_estimator: str = "k3",
-                loss_agg: str = "seq-mean-token-mean",
-                tis_cap: Optional[float] = None) -> tuple[Array, dict[str, Array]]:
+                loss_agg: str = "seq-mean-token-mean", tis_cap: Optional[float] = None,
+                norm_length: Optional[float] = None) -> tuple[Array, dict[str, Array]]:
   """PPO/GRPO clipped surrogate loss over taken tokens.
 
-  Per token: `max(-A*r, -A*clip(r, 1-clip_low, 1+clip_high))` with `r = exp(logp - old_logp)`;
-  for A<0 capped at `-A*dual_clip` when set; times the truncated importance weight
-  `min(exp(old_logp - sampler_logp), tis_cap)` when `tis_cap` is set; plus `kl_coef * KL(logp,
-  ref_logp)` (never in the reward). Then aggregated by `loss_agg`.
+  Per token, as verl's `compute_policy_loss_vanilla`: `max(-A*r, -A*clip(r, 1-clip_low,
+  1+clip_high))` with `r = exp(clamp(logp - old_logp, -20, 20))`; for A<0 capped at
+  `-A*dual_clip` when set (verl's clip_ratio_c, default 3); times the truncated importance
+  weight `min(exp(old_logp - sampler_logp), tis_cap)` when `tis_cap` is set; plus `kl_coef *
+  KL(logp, ref_logp)` (never in the reward; k3 clamped as verl's low_var_kl). Then aggregated
+  by `loss_agg`.
 
   Args:
     logp: `[B, T]` current taken-token logprobs (differentiated).
@@ -206,12 +251,14 @@ def policy_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
     kl_estimator: key of `KL_ESTIMATORS`.
     loss_agg: key of `LOSS_AGGREGATIONS`.
     tis_cap: truncated importance-sampling cap, or None.
+    norm_length: the constant length of `seq-mean-token-sum-norm` (its denominator is
+      rows x norm_length); required by that mode, ignored by the others.
 
   Returns:
     `(loss, metrics)`. `metrics` holds `loss_sum` and `loss_denominator` (the exact pair to
     accumulate), `pg_loss`, `clip_frac`, `approx_kl` (0.5 * mean (logp - old_logp)^2), `ratio`
     (mean), `ratio_max`, `kl` when KL is on, `sampler_gap` / `sampler_gap_max` with sampler
-    logprobs, and the `tokens` / `sequences` counts. An all-zero mask raises when the mask is
+    logprobs, `tis_weight` / `tis_capped_frac` with TIS, and the `tokens` / `sequences` counts. An all-zero mask raises when the mask is
     concrete; under `jit` the loss is 0 and the train step skips the update.
   """
   if not isinstance(mask, jax.core.Tracer) and not bool(jnp.any(jnp.asarray(mask) > 0)):
@@ -219,7 +266,7 @@ def policy_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
   numerator, denominator, stats = policy_loss_terms(
       logp, old_logp, advantages, mask, ref_logp=ref_logp, sampler_logp=sampler_logp,
       clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef,
-      kl_estimator=kl_estimator, loss_agg=loss_agg, tis_cap=tis_cap)
+      kl_estimator=kl_estimator, loss_agg=loss_agg, tis_cap=tis_cap, norm_length=norm_length)
   metrics = finalize_stats(stats)
   metrics["loss_sum"] = numerator
   metrics["loss_denominator"] = denominator

@@ -25,7 +25,8 @@ class GrpoConfig:
   Attributes:
     advantage_mode: key of `ADVANTAGE_ESTIMATORS`.
     std_normalize: divide advantages by the group std.
-    clip_low, clip_high, dual_clip, kl_coef, kl_estimator, loss_agg, tis_cap: see `policy_loss`.
+    clip_low, clip_high, dual_clip, kl_coef, kl_estimator, loss_agg, tis_cap, norm_length: see
+      `policy_loss`.
     temperature: the sampling temperature of the rollouts (logits are divided by it).
     logprob_chunk_size: sequence chunk of the taken-token logprob scan.
     compute_entropy: report the mean policy entropy (one extra pass over each logits chunk).
@@ -39,6 +40,7 @@ class GrpoConfig:
   kl_estimator: str = "k3"
   loss_agg: str = "seq-mean-token-mean"
   tis_cap: Optional[float] = None
+  norm_length: Optional[float] = None
   temperature: float = 1.0
   logprob_chunk_size: int = 512
   compute_entropy: bool = False
@@ -47,7 +49,8 @@ class GrpoConfig:
     check_mode("advantage_mode", self.advantage_mode, ADVANTAGE_ESTIMATORS)
     validate_loss_config(kl_estimator=self.kl_estimator, loss_agg=self.loss_agg,
                          clip_low=self.clip_low, clip_high=self.clip_high,
-                         dual_clip=self.dual_clip, kl_coef=self.kl_coef, tis_cap=self.tis_cap)
+                         dual_clip=self.dual_clip, kl_coef=self.kl_coef, tis_cap=self.tis_cap,
+                         norm_length=self.norm_length)
     if self.temperature <= 0:
       raise ValueError(f"temperature must be > 0, got {self.temperature}")
 
@@ -93,7 +96,7 @@ def grpo_loss_fn(cfg: GrpoConfig) -> LossFn:
         logp, batch["old_logp"], batch["advantages"], batch["loss_mask"], ref_logp=ref_logp,
         sampler_logp=batch.get("sampler_logp"), clip_low=cfg.clip_low, clip_high=cfg.clip_high,
         dual_clip=cfg.dual_clip, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
-        loss_agg=cfg.loss_agg, tis_cap=cfg.tis_cap)
+        loss_agg=cfg.loss_agg, tis_cap=cfg.tis_cap, norm_length=cfg.norm_length)
     if entropy is not None:
       stats["entropy_sum"] = (entropy * batch["loss_mask"].astype(jnp.float32)).sum()
     return numerator, denominator, stats

@@ -83,12 +83,18 @@ def test_misspelt_override_fails_naming_the_field():
     ("--config.sharding.rules=(('embed','fsdpp'),)",
      "config.sharding.rules[0]: 'embed' maps to unknown mesh axes ['fsdpp']"),
     ("--config.grpo.loss_agg=token-sum", "config.grpo: unknown loss_agg 'token-sum'"),
+    ("--config.grpo.kl_reference=init", "config.grpo.kl_reference: 'init' is not one of"),
+    ("--config.grpo.tis_cap=0", "config.grpo: tis_cap must be > 0"),
+    ("--config.grpo.dual_clip=1.0", "config.grpo: dual_clip must be > 1"),
+    ("--config.grpo.loss_norm_length=0", "config.grpo.loss_norm_length: must be > 0"),
+    ("--config.distributed.enabled=true --config.distributed.num_processes=3",
+     "config.grpo.prompt_groups: 2 state_id groups do not split evenly over"),
     ("--config.model.source=pretrained", "config.model.path: a pretrained model needs"),
     ("--config.model.hf_config.num_hidden_layers=3",
      "config.model.hf_config.layer_types: has 4 entries but num_hidden_layers = 3"),
 ])
 def test_bad_values_fail_validation_naming_the_field(override, message):
-  cfg = parse_flags(f"--config={ROOT / 'configs/tiny.py'}", override)
+  cfg = parse_flags(f"--config={ROOT / 'configs/tiny.py'}", *override.split())
   with pytest.raises(ConfigError) as error:
     validate_config(cfg)
   assert message in str(error.value)
@@ -257,3 +263,19 @@ def test_tiny_model_builds_and_every_param_axis_has_a_sharding_rule():
   specs = [s.spec for s in jax.tree.leaves(shardings)]
   assert len(specs) > 10
   assert any("fsdp" in str(spec) for spec in specs)    # params really are FSDP-sharded
+
+
+def test_tis_needs_an_engine_that_returns_sampler_logprobs(monkeypatch):
+  from bat_jax import config_validation
+  cfg = parse_flags(f"--config={ROOT / 'configs/tiny.py'}", "--config.grpo.tis_cap=2.0")
+  validate_config(cfg)  # jax and sglang both return them
+  monkeypatch.setattr(config_validation, "ENGINES_WITH_SAMPLER_LOGPROBS", ("sglang",))
+  with pytest.raises(ConfigError, match="config.grpo.tis_cap: truncated IS needs sampler "
+                     "logprobs, which rollout.engine 'jax' does not return"):
+    validate_config(cfg)
+
+
+def test_grpo_loss_defaults_follow_verl():
+  cfg = base.get_config()
+  assert cfg.grpo.dual_clip == 3.0 and cfg.grpo.kl_reference == "sft"
+  assert cfg.grpo.loss_norm_length is None   # -> rollout.limits.max_response_tokens

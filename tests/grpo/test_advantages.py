@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from bat_jax.grpo import ADVANTAGE_ESTIMATORS, group_advantages
+from bat_jax.grpo.advantages import valid_group_members
 
 
 def numpy_advantages(rewards, group_ids, mode, std_normalize, eps=1e-6):
@@ -66,3 +67,29 @@ def test_nan_reward_under_jit_stays_in_its_group():
   got = np.asarray(jax.jit(group_advantages)(rewards, np.array([0, 0, 1, 1])))
   assert np.all(np.isnan(got[:2]))
   np.testing.assert_allclose(got[2:], [-0.5, 0.5])
+
+
+@pytest.mark.parametrize("mode", ["grpo", "rloo"])
+def test_invalid_rows_are_left_out_of_their_group(mode):
+  # Group 0: three valid members and one errored (reward 0, would drag the mean down); group 1:
+  # one valid member left (dropped: 0 everywhere); group 2 untouched.
+  group_ids = np.array([0, 0, 0, 0, 1, 1, 2, 2])
+  rewards = np.array([1.0, 0.5, 0.0, 0.0, 1.0, 0.0, 0.2, 0.8], np.float32)
+  valid = np.array([True, True, False, True, True, False, True, True])
+  got = np.asarray(group_advantages(rewards, group_ids, valid=valid, mode=mode))
+  want = np.zeros(8)
+  rows = np.nonzero(valid & (group_ids != 1))[0]
+  want[rows] = numpy_advantages(rewards[rows], group_ids[rows], mode, False)
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+  assert got[2] == 0.0 and got[4] == 0.0 and got[5] == 0.0
+  np.testing.assert_array_equal(np.asarray(valid_group_members(group_ids, valid)),
+                                [3, 3, 3, 3, 1, 1, 2, 2])
+
+
+def test_invalid_rows_rewards_are_never_read():
+  rewards = np.array([1.0, np.nan, 0.0, np.inf], np.float32)
+  got = np.asarray(group_advantages(rewards, np.array([0, 0, 0, 0]),
+                                    valid=np.array([True, False, True, False])))
+  np.testing.assert_allclose(got, [0.5, 0.0, -0.5, 0.0])
+  with pytest.raises(ValueError, match="valid \\(3,\\) must be \\[B\\]"):
+    group_advantages(np.zeros(4), np.zeros(4, int), valid=np.ones(3, bool))
