@@ -25,7 +25,8 @@ from bat_jax import sharding
 from bat_jax.model.attention import AttentionMask
 from bat_jax.model.config import ModelConfig
 from bat_jax.model.deltanet import DeltaNetState, GatedDeltaNet
-from bat_jax.model.layers import MLP, Attention, Embed, KVCache, RMSNorm, logical_param
+from bat_jax.model.layers import (MLP, Attention, Embed, KVCache, RMSNorm, compute_param,
+                                  logical_param)
 
 LayerCache = KVCache | DeltaNetState
 
@@ -174,10 +175,11 @@ class CausalLM(nnx.Module):
 
   # -- public API -------------------------------------------------------------
 
-  def unembed_kernel(self) -> jax.Array:
-    """[D, V] output projection (the embedding table's transpose when tied)."""
+  def unembed_kernel(self, dtype=None) -> jax.Array:
+    """[D, V] output projection (the embedding table's transpose when tied),
+    in `dtype` (cast on its shards, see `compute_param`) or the param dtype."""
     table = self.embed_tokens.embedding if self.lm_head is None else self.lm_head
-    return table[...].T
+    return (table[...] if dtype is None else compute_param(table, dtype)).T
 
   def init_cache(self, batch_size: int, max_len: int, dtype=None) -> DecodeCache:
     """Empty decode cache: KV [B, max_len, K, Dh] per attention layer, conv +
@@ -251,7 +253,7 @@ class CausalLM(nnx.Module):
     """Logits [B, T, V] in fp32 (plus the new cache when given one)."""
     out = self.hidden_states(input_ids, positions=positions, cache=cache, valid=valid)
     hidden, new_cache = (out, None) if cache is None else out
-    kernel = self.unembed_kernel().astype(self.config.dtype)
+    kernel = self.unembed_kernel(self.config.dtype)
     logits = jnp.dot(hidden.astype(self.config.dtype), kernel,
                      preferred_element_type=jnp.float32)
     return logits if cache is None else (logits, new_cache)
