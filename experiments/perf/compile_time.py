@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
@@ -25,19 +27,14 @@ from flax import nnx  # noqa: E402
 from bat_jax import grpo, sharding  # noqa: E402
 from bat_jax.model import ModelConfig, build_model  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+from grpo_step import qwen3_5_width  # noqa: E402  (shared perf helpers)
+
 
 def qwen3_5_9b(layers: int) -> dict:
   """Qwen3.5-9B text widths (HF config.json fields) with `layers` layers."""
-  return dict(model_type="qwen3_5_text", vocab_size=248320, hidden_size=4096,
-              intermediate_size=12288, num_hidden_layers=layers,
-              layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
-                           for i in range(layers)],
-              num_attention_heads=16, num_key_value_heads=4, head_dim=256,
-              linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
-              linear_num_key_heads=16, linear_num_value_heads=32,
-              rope_parameters={"rope_type": "default", "rope_theta": 1e7,
-                               "partial_rotary_factor": 0.25},
-              max_position_embeddings=262144, tie_word_embeddings=False)
+  return qwen3_5_width(layers=layers, hidden=4096, intermediate=12288, heads=16, kv_heads=4,
+                       linear_v_heads=32, tie=False)
 
 
 def compile_seconds(layers: int, scan: bool, args) -> tuple[float, float, float]:

@@ -197,21 +197,27 @@ def profile(args) -> None:
     print("\n".join(xla_profile(compiled, step, iters=args.iters)))
 
 
+def qwen3_5_width(*, layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int,
+                  linear_v_heads: int, tie: bool) -> dict:
+  """HF config of a Qwen3.5 text model at real vocab / head sizes (DeltaNet x3 + attention)."""
+  return dict(model_type="qwen3_5_text", vocab_size=248320, hidden_size=hidden,
+              intermediate_size=intermediate, num_hidden_layers=layers,
+              layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                           for i in range(layers)],
+              num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=256,
+              linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+              linear_num_key_heads=16, linear_num_value_heads=linear_v_heads,
+              rope_parameters={"rope_type": "default", "rope_theta": 1e7,
+                               "partial_rotary_factor": 0.25},
+              max_position_embeddings=32768, tie_word_embeddings=tie)
+
+
 def qwen3_5_preset(name: str) -> dict:
   """Random Qwen3.5 configs: `1.9b` (Qwen3.5 vocab, 3:1 DeltaNet:attention) and `tiny`."""
   if name == "tiny":
     return tiny_config("qwen3_5", 4)
-  layers = 24
-  return dict(model_type="qwen3_5_text", vocab_size=248320, hidden_size=2048,
-              intermediate_size=6144, num_hidden_layers=layers,
-              layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
-                           for i in range(layers)],
-              num_attention_heads=8, num_key_value_heads=2, head_dim=256,
-              linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
-              linear_num_key_heads=16, linear_num_value_heads=16,
-              rope_parameters={"rope_type": "default", "rope_theta": 1e7,
-                               "partial_rotary_factor": 0.25},
-              max_position_embeddings=32768, tie_word_embeddings=True)
+  return qwen3_5_width(layers=24, hidden=2048, intermediate=6144, heads=8, kv_heads=2,
+                       linear_v_heads=16, tie=True)
 
 
 def mfu(args) -> None:
