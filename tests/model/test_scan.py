@@ -35,7 +35,7 @@ _HYBRID_2X2 = qwen3_5_text_config(num_hidden_layers=4,
 
 @pytest.mark.parametrize("hf", [pytest.param(_HYBRID_2X2, marks=pytest.mark.slow), qwen3_config()],
                          ids=["qwen3_5_2cycles", "qwen3"])
-def test_scanned_equals_unscanned_logits_and_grads(hf):
+def test_scanned_equals_unscanned_hidden_and_grads(hf):
   scanned, flat = _pair(hf)
   cfg = scanned.config
   assert (cfg.layer_cycle, cfg.num_cycles) == ((2, 2) if cfg.is_hybrid else (1, 2))
@@ -64,9 +64,6 @@ def test_scanned_equals_unscanned_logits_and_grads(hf):
       scale = float(np.abs(ref[path]).max())
       np.testing.assert_allclose(got[path], ref[path], rtol=1e-3, atol=1e-4 * scale,
                                  err_msg=f"{key} {path}")
-  logits_s = nnx.jit(lambda m, x: m(x))(scanned, ids)
-  logits_f = nnx.jit(lambda m, x: m(x))(flat, ids)
-  np.testing.assert_allclose(logits_s, logits_f, atol=1e-5)
 
 
 @pytest.mark.slow  # default-suite decode coverage: tests/model/test_decode.py (scanned default)
