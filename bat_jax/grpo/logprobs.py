@@ -13,6 +13,8 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
+from bat_jax import sharding
+
 Array = jax.Array
 
 
@@ -23,7 +25,9 @@ def chunked_logprobs(hidden: Array, kernel: Array, targets: Array, *, chunk_size
 
   Args:
     hidden: `[B, T, D]` final (normed) hidden states; row t predicts `targets[:, t]`.
-    kernel: `[D, V]` unembedding matrix.
+    kernel: `[D, V]` unembedding matrix; cast to hidden's (compute) dtype once, on its shards,
+      so a bf16 model gathers and multiplies a bf16 table (fp32 accumulation) even when the
+      master weights are fp32.
     targets: `[B, T]` int token ids.
     chunk_size: sequence positions per chunk (T is padded up to a multiple).
     temperature: sampling temperature the rollouts used (logits are divided by it).
@@ -39,6 +43,8 @@ def chunked_logprobs(hidden: Array, kernel: Array, targets: Array, *, chunk_size
   if chunk_size <= 0:
     raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
   batch, length, dim = hidden.shape
+  if kernel.dtype != hidden.dtype:
+    kernel = sharding.constrain(kernel.astype(hidden.dtype), ("embed", "vocab"))
   chunk = min(chunk_size, length)
   n_chunks = -(-length // chunk)
   pad = n_chunks * chunk - length
@@ -47,6 +53,7 @@ def chunked_logprobs(hidden: Array, kernel: Array, targets: Array, *, chunk_size
   # [n, B, C, ...]: scan over the leading chunk axis.
   h_chunks = hidden.reshape(batch, n_chunks, chunk, dim).swapaxes(0, 1)
   t_chunks = targets.reshape(batch, n_chunks, chunk).swapaxes(0, 1)
+  h_chunks = sharding.constrain(h_chunks, (None, *sharding.ACTIVATION_AXES))
 
   @jax.checkpoint
   def one_chunk(h: Array, t: Array) -> tuple[Array, Array]:

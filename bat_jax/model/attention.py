@@ -19,10 +19,14 @@ materialise a quadratic mask.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import math
 
 import jax
 import jax.numpy as jnp
+
+log = logging.getLogger(__name__)
 
 ATTENTION_IMPLS = ("xla", "cudnn", "chunked")
 # With `attention_impl=None`, non-cuDNN paths switch from dense to chunked
@@ -71,21 +75,59 @@ class AttentionMask:
     return (key_slot <= self.query_slots[..., None]) & self.key_valid[:, None, :]
 
 
+def cudnn_max_head_dim(device: jax.Device | None = None) -> int:
+  """Largest head_dim cuDNN flash attention accepts on `device` (default: the
+  first device): 256 from Hopper (sm90), 128 on Ampere / Ada (sm8x), 0 on
+  older GPUs, non-CUDA GPUs and other backends."""
+  device = jax.devices()[0] if device is None else device
+  if device.platform != "gpu":
+    return 0
+  try:
+    major = int(str(device.compute_capability).split(".")[0])
+  except (AttributeError, ValueError):  # ROCm reports gfx names: no cuDNN
+    return 0
+  return 256 if major >= 9 else 128 if major == 8 else 0
+
+
+@functools.lru_cache(maxsize=None)
+def _auto_cudnn(head_dim: int) -> bool:
+  """Whether the automatic choice uses cuDNN for this head_dim (logged once)."""
+  device = jax.devices()[0]
+  limit = cudnn_max_head_dim(device)
+  if head_dim <= limit:
+    log.info("attention: cuDNN flash attention for head_dim %d on %s (cuDNN head_dim limit %d)",
+             head_dim, device.device_kind, limit)
+    return True
+  log.warning("attention: cuDNN flash attention unavailable for head_dim %d on %s (cuDNN "
+              "head_dim limit %d there; 256 needs Hopper / sm90 or newer): using XLA dense / "
+              "chunked attention", head_dim, device.device_kind, limit)
+  return False
+
+
 def resolve_impl(impl: str | None, *, q_len: int, kv_len: int, mask: AttentionMask,
-                 dtype) -> str:
+                 dtype, head_dim: int | None = None) -> str:
   """The implementation to run for one call.
 
   An explicit choice is honoured, except that `cudnn` cannot express a cache
   mask (per-row offsets), so cached calls fall back to the automatic choice
-  between `xla` and `chunked`. `None`: cuDNN on GPU for half-precision
-  cache-free chunks, else chunked when the logits are large, else xla.
+  between `xla` and `chunked`; an explicit `cudnn` that the GPU cannot run for
+  `head_dim` is an error. `None`: cuDNN on GPU for half-precision cache-free
+  chunks where the device's compute capability supports `head_dim` (see
+  `cudnn_max_head_dim`), else chunked when the logits are large, else xla.
   """
   if impl is not None and impl not in ATTENTION_IMPLS:
     raise ValueError(f"attention_impl {impl!r} is not one of {ATTENTION_IMPLS} or None")
   if impl in ("xla", "chunked"):
     return impl
-  if mask.aligned and (impl == "cudnn" or (
-      jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16))):
+  on_gpu = jax.default_backend() == "gpu"
+  if mask.aligned and impl == "cudnn":
+    if on_gpu and head_dim is not None and head_dim > cudnn_max_head_dim():
+      raise ValueError(
+          f"attention_impl 'cudnn' does not support head_dim {head_dim} on "
+          f"{jax.devices()[0].device_kind} (limit {cudnn_max_head_dim()}); use 'chunked' or None")
+    return "cudnn"
+  if (mask.aligned and impl is None and on_gpu and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+      and _auto_cudnn(head_dim or 0)):
     return "cudnn"
   return "chunked" if q_len * kv_len >= AUTO_CHUNKED_MIN_LOGITS else "xla"
 
@@ -105,7 +147,8 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, *,
     value differs between implementations and must not be used).
   """
   scale = q.shape[-1] ** -0.5
-  chosen = resolve_impl(impl, q_len=q.shape[1], kv_len=k.shape[1], mask=mask, dtype=q.dtype)
+  chosen = resolve_impl(impl, q_len=q.shape[1], kv_len=k.shape[1], mask=mask, dtype=q.dtype,
+                        head_dim=q.shape[-1])
   if chosen == "chunked":
     return chunked_attention(q, k, v, mask, scale=scale, block_size=block_size)
   if chosen == "cudnn":

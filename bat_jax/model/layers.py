@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from bat_jax import sharding
 from bat_jax.model.attention import AttentionMask, attend
 
 def logical_param(value: jax.Array, axes: Sequence[str | None]) -> nnx.Param:
@@ -24,6 +25,23 @@ def logical_param(value: jax.Array, axes: Sequence[str | None]) -> nnx.Param:
   if len(axes) != value.ndim:
     raise ValueError(f"logical axes {tuple(axes)} do not match param shape {value.shape}")
   return nnx.Param(value, sharding_names=tuple(axes), eager_sharding=False)
+
+
+def compute_param(var: nnx.Variable, dtype) -> jax.Array:
+  """The param's value in the compute `dtype`, cast where it is stored.
+
+  Under `sharding.activation_sharding` the cast copy is pinned to the param's
+  own (sharded) layout, so the cast runs on each shard and the all-gather in
+  front of the matmul moves compute-dtype (bf16) bytes, not fp32 masters.
+  Stacked (scanned) params are sliced per layer, so only the trailing axes
+  of the metadata apply.
+  """
+  value = var[...]
+  if value.dtype == jnp.dtype(dtype):
+    return value
+  cast = value.astype(dtype)
+  axes = var.get_metadata().get("out_sharding")
+  return sharding.constrain(cast, axes[len(axes) - cast.ndim:]) if axes else cast
 
 
 def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype, std: float = 0.02) -> jax.Array:
@@ -41,7 +59,7 @@ class Linear(nnx.Module):
                  if use_bias else None)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    y = jnp.dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+    y = jnp.dot(x.astype(self.dtype), compute_param(self.kernel, self.dtype))
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
     return y

@@ -57,7 +57,8 @@ def _peak_rss_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_jax(hf_dict: dict, args, out_dir: str, queue) -> None:
+def _jax_step(hf_dict: dict, args, out_dir: str):
+  """(compiled step, run-one-step callable) for the bat_jax GRPO update; saves the weights."""
   import jax
   from flax import nnx
 
@@ -76,21 +77,27 @@ def run_jax(hf_dict: dict, args, out_dir: str, queue) -> None:
   frozen = {"rest": rest, "ref_params": None}
   state = grpo.init_train_state(params, optimizer, seed=0)
   compiled = grpo.compile_step(grpo.make_train_step(step_fn), state, batch, frozen)
-  rss_before = _rss_mb()
   holder = {"state": state}
 
   def step():
     holder["state"], metrics = compiled(holder["state"], batch, frozen)
     return jax.block_until_ready(metrics)
 
+  return compiled, step
+
+
+def run_jax(hf_dict: dict, args, out_dir: str, conn) -> None:
+  from bat_jax import grpo
+
+  compiled, step = _jax_step(hf_dict, args, out_dir)
+  rss_before = _rss_mb()
   first_loss = float(step()["loss"])
-  seconds = time_it(step, args.iters)
-  queue.put({"seconds": seconds, "loss": first_loss, "rss_before_mb": rss_before,
-             "peak_rss_mb": _peak_rss_mb(), "xla_mb": {
-                 k: v / 2**20 for k, v in grpo.memory_report(compiled).items()}})
+  conn.send({"loss": first_loss, "rss_before_mb": rss_before, "xla_mb": {
+      k: v / 2**20 for k, v in grpo.memory_report(compiled).items()}})
+  _serve_timings(step, args.iters, conn)
 
 
-def run_torch(args, weights_dir: str, queue) -> None:
+def run_torch(args, weights_dir: str, conn) -> None:
   import torch
   import transformers
 
@@ -126,53 +133,91 @@ def run_torch(args, weights_dir: str, queue) -> None:
 
   rss_before = _rss_mb()
   first_loss = float(step())
-  seconds = time_it(step, args.iters)
-  queue.put({"seconds": seconds, "loss": first_loss, "rss_before_mb": rss_before,
-             "peak_rss_mb": _peak_rss_mb(), "threads": torch.get_num_threads()})
+  conn.send({"loss": first_loss, "rss_before_mb": rss_before, "threads": torch.get_num_threads()})
+  _serve_timings(step, args.iters, conn)
 
 
-def _in_child(target, *args):
+def _serve_timings(step, iters: int, conn) -> None:
+  """Times `iters` steps whenever the parent asks; None ends the child."""
+  while conn.recv() is not None:
+    conn.send({"seconds": time_it(step, iters), "peak_rss_mb": _peak_rss_mb()})
+
+
+def _start_child(target, *args):
   ctx = mp.get_context("spawn")
-  queue = ctx.Queue()
-  proc = ctx.Process(target=target, args=(*args, queue))
+  parent, child = ctx.Pipe()
+  proc = ctx.Process(target=target, args=(*args, child))
   proc.start()
-  result = queue.get()
-  proc.join()
-  return result
+  return proc, parent, parent.recv()
 
 
 def compare(args) -> None:
+  """Both sides stay up; timings alternate jax, torch, jax, ... so a loaded box slows both alike.
+  The ratio is the median of the per-round ratios."""
   hf_dict = tiny_config(args.family, args.layers)
   tokens = args.batch * args.seq
   with tempfile.TemporaryDirectory() as tmp:
-    jax_r = _in_child(run_jax, hf_dict, args, tmp)
-    torch_r = _in_child(run_torch, args, tmp)
+    jax_proc, jax_conn, jax_r = _start_child(run_jax, hf_dict, args, tmp)
+    torch_proc, torch_conn, torch_r = _start_child(run_torch, args, tmp)
+    rounds = []
+    for _ in range(args.repeats):
+      timed = []
+      for conn in (jax_conn, torch_conn):
+        conn.send("time")
+        timed.append(conn.recv())
+      rounds.append(timed)
+    for conn, proc in ((jax_conn, jax_proc), (torch_conn, torch_proc)):
+      conn.send(None)
+      proc.join()
   print(f"config: family={args.family} layers={args.layers} batch={args.batch} seq={args.seq} "
-        f"micro={args.micro} chunk={args.chunk} torch_threads={torch_r['threads']}")
+        f"micro={args.micro} chunk={args.chunk} torch_threads={torch_r['threads']} "
+        f"rounds={args.repeats}x{args.iters} steps")
   print(f"first-step loss: jax={jax_r['loss']:.6f} torch={torch_r['loss']:.6f}")
-  for name, r in (("jax", jax_r), ("torch", torch_r)):
-    print(f"{name:5s} GRPO update: {r['seconds'] * 1e3:8.1f} ms/step {tokens / r['seconds']:9.0f} "
-          f"tokens/s  peak RSS {r['peak_rss_mb']:7.0f} MB (before step {r['rss_before_mb']:.0f})")
+  for i, (j, t) in enumerate(rounds):
+    print(f"round {i}: jax {j['seconds'] * 1e3:8.1f} ms/step ({tokens / j['seconds']:7.0f} tok/s)  "
+          f"torch {t['seconds'] * 1e3:8.1f} ms/step ({tokens / t['seconds']:7.0f} tok/s)  "
+          f"ratio {t['seconds'] / j['seconds']:.2f}")
+  for name, r, last in (("jax", jax_r, rounds[-1][0]), ("torch", torch_r, rounds[-1][1])):
+    print(f"{name:5s} peak RSS {last['peak_rss_mb']:7.0f} MB (before step {r['rss_before_mb']:.0f})")
   print("jax XLA memory analysis (MB): " +
         ", ".join(f"{k.replace('_size_in_bytes', '')}={v:.1f}" for k, v in jax_r["xla_mb"].items()))
-  print(f"ratio jax/torch tokens/s: {torch_r['seconds'] / jax_r['seconds']:.2f}")
+  ratios = sorted(t["seconds"] / j["seconds"] for j, t in rounds)
+  print(f"ratio jax/torch tokens/s (median of {len(ratios)} rounds): {ratios[len(ratios) // 2]:.2f}")
+
+
+def profile(args) -> None:
+  """Per-op time of the jax step, summed per bat_jax source line (see xla_profile.py)."""
+  from xla_profile import profile as xla_profile
+
+  with tempfile.TemporaryDirectory() as tmp:
+    compiled, step = _jax_step(tiny_config(args.family, args.layers), args, tmp)
+    step()
+    print(f"config: family={args.family} layers={args.layers} batch={args.batch} seq={args.seq} "
+          f"micro={args.micro} chunk={args.chunk}")
+    print("\n".join(xla_profile(compiled, step, iters=args.iters)))
+
+
+def qwen3_5_width(*, layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int,
+                  linear_v_heads: int, tie: bool) -> dict:
+  """HF config of a Qwen3.5 text model at real vocab / head sizes (DeltaNet x3 + attention)."""
+  return dict(model_type="qwen3_5_text", vocab_size=248320, hidden_size=hidden,
+              intermediate_size=intermediate, num_hidden_layers=layers,
+              layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                           for i in range(layers)],
+              num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=256,
+              linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+              linear_num_key_heads=16, linear_num_value_heads=linear_v_heads,
+              rope_parameters={"rope_type": "default", "rope_theta": 1e7,
+                               "partial_rotary_factor": 0.25},
+              max_position_embeddings=32768, tie_word_embeddings=tie)
 
 
 def qwen3_5_preset(name: str) -> dict:
   """Random Qwen3.5 configs: `1.9b` (Qwen3.5 vocab, 3:1 DeltaNet:attention) and `tiny`."""
   if name == "tiny":
     return tiny_config("qwen3_5", 4)
-  layers = 24
-  return dict(model_type="qwen3_5_text", vocab_size=248320, hidden_size=2048,
-              intermediate_size=6144, num_hidden_layers=layers,
-              layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
-                           for i in range(layers)],
-              num_attention_heads=8, num_key_value_heads=2, head_dim=256,
-              linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
-              linear_num_key_heads=16, linear_num_value_heads=16,
-              rope_parameters={"rope_type": "default", "rope_theta": 1e7,
-                               "partial_rotary_factor": 0.25},
-              max_position_embeddings=32768, tie_word_embeddings=True)
+  return qwen3_5_width(layers=24, hidden=2048, intermediate=6144, heads=8, kv_heads=2,
+                       linear_v_heads=16, tie=True)
 
 
 def mfu(args) -> None:
@@ -225,7 +270,7 @@ def mfu(args) -> None:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--mode", choices=["compare", "mfu"], default="compare")
+  parser.add_argument("--mode", choices=["compare", "mfu", "profile"], default="compare")
   parser.add_argument("--family", choices=["qwen3", "qwen3_5"], default="qwen3_5")
   parser.add_argument("--preset", choices=["tiny", "1.9b"], default="1.9b")
   parser.add_argument("--layers", type=int, default=4)
@@ -235,9 +280,10 @@ def main() -> None:
   parser.add_argument("--chunk", type=int, default=128)
   parser.add_argument("--remat", default="full")
   parser.add_argument("--iters", type=int, default=3)
+  parser.add_argument("--repeats", type=int, default=3, help="alternating timing rounds")
   parser.add_argument("--peak_tflops", type=float, default=989.0)
   args = parser.parse_args()
-  compare(args) if args.mode == "compare" else mfu(args)
+  {"compare": compare, "mfu": mfu, "profile": profile}[args.mode](args)
 
 
 if __name__ == "__main__":

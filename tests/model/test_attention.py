@@ -216,3 +216,20 @@ def test_chunked_forward_sharded_over_8_devices_equals_unsharded_dense():
   with jax.default_matmul_precision("highest"):
     out = forward(jax.device_put(state, param_sh), jax.device_put(ids, batch_sh))
   np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+class _FakeGpu:
+  platform, device_kind = "gpu", "fake"
+
+  def __init__(self, capability: str):
+    self.compute_capability = capability
+
+
+def test_cudnn_head_dim_limit_follows_compute_capability():
+  from bat_jax.model.attention import cudnn_max_head_dim
+  assert cudnn_max_head_dim(_FakeGpu("9.0")) == 256    # Hopper: head_dim 256 ok
+  assert cudnn_max_head_dim(_FakeGpu("10.0")) == 256
+  assert cudnn_max_head_dim(_FakeGpu("8.0")) == 128    # A100: 256 rejected by cuDNN
+  assert cudnn_max_head_dim(_FakeGpu("7.5")) == 0
+  assert cudnn_max_head_dim(_FakeGpu("gfx90a")) == 0   # ROCm: no cuDNN
+  assert cudnn_max_head_dim(jax.devices("cpu")[0]) == 0
