@@ -17,13 +17,14 @@ from ml_collections import ConfigDict
 
 from bat_jax import curriculum, gate
 from bat_jax.evaluator.generators import TIERS as EVALUATOR_TIERS
-from bat_jax.grpo import ADVANTAGE_ESTIMATORS, REMAT_POLICIES, SCHEDULES
+from bat_jax.grpo import ADVANTAGE_ESTIMATORS
 from bat_jax.grpo.loss import validate_loss_config
 from bat_jax.model.config import SUPPORTED_MODEL_TYPES
 from bat_jax.rollout.agent_loop import RolloutLimits
 from bat_jax.rollout.engine import SamplingParams
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.sharding import MESH_AXES
+from bat_jax.train import REMAT_POLICIES, SCHEDULES
 
 MODEL_SOURCES = ("scratch", "pretrained")
 LAYER_TYPES = ("linear_attention", "full_attention")

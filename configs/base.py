@@ -94,6 +94,22 @@ def base_config() -> ml_collections.ConfigDict:
   # JAX's share of GPU memory (XLA_PYTHON_CLIENT_MEM_FRACTION) when SGLang shares the GPUs.
   c.distributed.xla_mem_fraction = config_dict.placeholder(float)
 
+  # The shared trainer (bat_jax.train): dtypes the step uses and what it keeps across rounds.
+  c.trainer = ml_collections.ConfigDict()
+  # dtype the fp32 master params are cast to (on each shard) before the forward, so FSDP
+  # gathers and matmuls move bf16; None: use them as stored.
+  c.trainer.weight_dtype = config_dict.placeholder(str)
+  # dtype of the frozen KL reference copy (its logprobs come from their own pass); None: as stored.
+  c.trainer.reference_dtype = config_dict.placeholder(str)
+  # Round artifacts kept (orbax round checkpoints and candidate exports): the last N rounds;
+  # the promoted policy's export and the SFT policy are always kept.
+  c.trainer.keep_rounds = 2
+
+  # The memory plan (python -m bat_jax.memory_plan): what one accelerator offers. JAX's share is
+  # distributed.xla_mem_fraction; the rest belongs to the co-located rollout server.
+  c.memory = ml_collections.ConfigDict()
+  c.memory.device_gib = 80.0
+
   # Cold-start SFT, run once (release: full parameter, bf16, 8 devices x 1 x 4 accumulation).
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 200
