@@ -164,6 +164,11 @@ def _check_training(ck: _Checker) -> None:
     ck.that(f"{phase}.weight_decay", lambda v: v >= 0, ">= 0")
     ck.one_of(f"{phase}.schedule", SCHEDULES)
     ck.one_of(f"{phase}.remat", REMAT_POLICIES)
+  for field in ("trainer.weight_dtype", "trainer.reference_dtype"):
+    if ck.get(field) is not None:
+      ck.one_of(field, DTYPES)
+  ck.that("trainer.keep_rounds", lambda v: v >= 1, ">= 1 (the last round's artifacts are kept)")
+  ck.positive("memory.device_gib")
   ck.positive("sft.steps", "sft.global_batch_size", "sft.max_seq_len", "sft.num_examples")
   ck.fraction("sft.validation_fraction")
   ck.divides("sft.global_batch_size", "sft.micro_batches")

@@ -230,6 +230,27 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+# Token bounds of one trajectory's parts that are not limits of their own (Qwen chat template):
+PROMPT_TOKENS = 4096          # system prompt + tool schema + task brief (Stage Bank prompts)
+TURN_OVERHEAD_TOKENS = 24     # <|im_end|>, user/assistant headers, empty think block per turn
+OBSERVATION_OVERHEAD_TOKENS = 8  # <tool_response> open/close and newlines per observation
+
+
+def trajectory_token_cap(limits: ml_collections.ConfigDict) -> int:
+  """A context cap that holds a trajectory at every limit at once.
+
+  Response tokens are counted by the rollout (`max_response_tokens`); an observation is clipped
+  to `max_observation_chars` characters, and a byte-level BPE never gives more tokens than bytes,
+  so ASCII output is at most one token per character; one observation per tool call
+  (`max_tool_calls`) and one turn overhead per assistant turn. Rounded up to a multiple of 512
+  (the logprob chunk). Longer trajectories end as `context_full`, never truncated.
+  """
+  tokens = (PROMPT_TOKENS + limits.max_response_tokens
+            + limits.max_tool_calls * (limits.max_observation_chars + OBSERVATION_OVERHEAD_TOKENS)
+            + limits.max_assistant_turns * TURN_OVERHEAD_TOKENS)
+  return -(-tokens // 512) * 512
+
+
 def reference_gpu_config(arg: Optional[str], default_ckpt: str) -> ml_collections.ConfigDict:
   """BaT-4B/9B: the reference recipe on a local Qwen3.5 checkpoint, 8 GPUs per host.
 
@@ -248,6 +269,10 @@ def reference_gpu_config(arg: Optional[str], default_ckpt: str) -> ml_collection
   c.distributed.enabled = arg.hosts > 1
   if arg.hosts > 1:
     c.distributed.num_processes = arg.hosts
+  c.trainer.weight_dtype = "bfloat16"     # bf16 gathers and matmuls, fp32 master weights
+  c.trainer.reference_dtype = "bfloat16"  # the frozen KL reference
+  c.rollout.limits.max_context_tokens = trajectory_token_cap(c.rollout.limits)
+  c.rollout.jax.max_len = c.rollout.limits.max_context_tokens
   c.distributed.xla_mem_fraction = 0.45
   c.rollout.engine = "sglang"
   c.rollout.sglang.mem_fraction_static = 0.45

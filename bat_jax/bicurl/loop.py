@@ -189,6 +189,20 @@ def _evaluate(cfg: ml_collections.ConfigDict, state: OuterState, paths: RunPaths
   return report
 
 
+def prune_rounds(paths: RunPaths, state: OuterState, keep: int) -> list[int]:
+  """Deletes the artifacts of finished rounds older than the last `keep`: their orbax checkpoints
+  (~12 bytes per param each) and their candidate exports, except the promoted policy's (the next
+  round's start and the gate's baseline). Runs after `state.save`, so a crash in between only
+  leaves extra files. Returns the pruned rounds."""
+  finished = [r.round for r in state.rounds]
+  pruned = finished[:-keep] if keep > 0 else finished
+  for r in pruned:
+    shutil.rmtree(paths.round_checkpoints(r), ignore_errors=True)
+    if round_policy_name(r) != state.baseline:
+      shutil.rmtree(paths.policy(round_policy_name(r)), ignore_errors=True)
+  return pruned
+
+
 def _check_same_config(cfg: ml_collections.ConfigDict, path: Path) -> None:
   """Records the run's config; a resume with different values (`logging` aside) is refused,
   naming every field that differs, since it would mix two experiments in one directory."""
@@ -305,6 +319,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
       if decision.passed:  # a held candidate is never the next start: the baseline stays
         state.baseline, baseline_report = name, candidate_report
       state.save(paths.workdir)
+      prune_rounds(paths, state, cfg.trainer.keep_rounds)
       write_report(paths.workdir, state)
       log.info("round %d: target %s, gate %s%s", r, state.rounds[-1].target,
                "pass" if decision.passed else "hold",
