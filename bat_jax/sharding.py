@@ -14,6 +14,8 @@ failing, so tiny test models shard on any mesh.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -29,11 +31,16 @@ log = logging.getLogger(__name__)
 MESH_AXES = ("data", "fsdp", "tensor")
 MeshAxes = str | tuple[str, ...] | None
 Rules = Sequence[tuple[str, MeshAxes]]
+# Logical axes of the residual stream [B, T, D] at layer boundaries.
+ACTIVATION_AXES = ("batch", "length", "activation_embed")
 
 DEFAULT_RULES: tuple[tuple[str, MeshAxes], ...] = (
     # activations
     ("batch", ("data", "fsdp")),
     ("length", None),
+    ("activation_embed", None),
+    # stacked (scanned) layer axis of params
+    ("layers", None),
     # parameters
     ("vocab", "tensor"),
     ("embed", "fsdp"),
@@ -158,6 +165,42 @@ def shard_model(model: nnx.Module, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> 
   state = nnx.state(model)
   nnx.update(model, jax.device_put(state, model_shardings(state, mesh, rules)))
   return model
+
+
+_ACTIVATION_SHARDING: contextvars.ContextVar[tuple[Mesh, tuple] | None] = contextvars.ContextVar(
+    "activation_sharding", default=None)
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh, rules: Rules = DEFAULT_RULES):
+  """Within this context, `constrain` pins activations to `rules` on `mesh`.
+
+  The model names logical axes only (`constrain(x, ACTIVATION_AXES)`); the
+  mesh and rules come from here, MaxText style. It must be active while a
+  function is traced (`jit(...).lower`, or the first call), since constraints
+  are recorded at trace time. Outside it `constrain` is the identity.
+  """
+  _rule_table(rules)  # validate early
+  token = _ACTIVATION_SHARDING.set((mesh, tuple(rules)))
+  try:
+    yield
+  finally:
+    _ACTIVATION_SHARDING.reset(token)
+
+
+def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
+  """`with_sharding_constraint` of x to its logical axes under the active
+  `activation_sharding` context (identity without one, or on a 1-device mesh)."""
+  active = _ACTIVATION_SHARDING.get()
+  if active is None:
+    return x
+  mesh, rules = active
+  if mesh.size == 1:
+    return x
+  if len(logical_axes) != x.ndim:
+    raise ValueError(f"logical axes {tuple(logical_axes)} do not match activation shape {x.shape}")
+  spec = logical_to_spec(logical_axes, rules, shape=x.shape, mesh=mesh)
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:

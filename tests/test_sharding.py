@@ -63,8 +63,10 @@ def test_model_shardings_follow_param_metadata():
   state = nnx.state(abstract)
   assert jax.tree.structure(shardings) == jax.tree.structure(state)
   assert shardings["embed_tokens"]["embedding"].get_value().spec == P("tensor", "fsdp")
-  assert shardings["layers"][1]["mlp"]["down_proj"]["kernel"].get_value().spec == P("tensor", "fsdp")
-  assert shardings["layers"][0]["linear_attn"]["A_log"].get_value().spec == P("tensor")
+  # Scanned layout: layers[j] stacks cycle position j over cycles (leading "layers" axis).
+  down = shardings["layers"][1]["mlp"]["down_proj"]["kernel"].get_value()
+  assert down.spec == P(None, "tensor", "fsdp")
+  assert shardings["layers"][0]["linear_attn"]["A_log"].get_value().spec == P(None, "tensor")
   assert shardings["norm"]["weight"].get_value().spec == P(None)
 
 
@@ -93,6 +95,33 @@ def test_sharded_forward_equals_unsharded(mesh_shape):
   sharding.shard_model(model, mesh)
   table = model.embed_tokens.embedding[...]
   assert table.sharding.spec == P("tensor", "fsdp") and len(table.sharding.device_set) == n
+
+
+def _lowered_hidden_states(mesh, ids, with_rules: bool):
+  model = build_model(_tiny_hybrid(), rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(model)
+  repl = sharding.replicated(mesh)
+  # A fresh jit per call: constraints are recorded at trace time.
+  fwd = jax.jit(lambda st, x: nnx.merge(graphdef, st).hidden_states(x),
+                in_shardings=(sharding.model_shardings(state, mesh), repl), out_shardings=repl)
+  if not with_rules:
+    return fwd.lower(state, ids)
+  with sharding.activation_sharding(mesh):
+    return fwd.lower(state, ids)
+
+
+def test_activation_constraints_split_the_residual_stream_by_batch():
+  mesh = sharding.make_mesh(data=2, fsdp=4, tensor=1)
+  ids = jnp.zeros((8, 12), jnp.int32)  # fed replicated: only the constraints split it
+  per_device, whole = "f32[1,12,32]", "f32[8,12,32]"
+  sharded = _lowered_hidden_states(mesh, ids, with_rules=True).compile().as_text()
+  assert sharded.count(per_device) > 10
+  plain = _lowered_hidden_states(mesh, ids, with_rules=False).compile().as_text()
+  assert per_device not in plain and whole in plain
+  x = jnp.ones((8, 12, 32))
+  assert sharding.constrain(x, sharding.ACTIVATION_AXES) is x  # no context: identity
+  with sharding.activation_sharding(mesh), pytest.raises(ValueError, match="do not match"):
+    sharding.constrain(x, ("batch", "length"))
 
 
 def test_maybe_initialize_distributed_is_noop_single_process():

@@ -66,6 +66,9 @@ class ModelConfig:
   # (blockwise, any backend) or None (automatic; see model/attention.py).
   attention_impl: str | None = None
   attention_block_size: int = 512
+  # Stack the repeating layer cycle's params ([num_cycles, ...] per cycle
+  # position) and run it under `lax.scan`: compile time independent of depth.
+  scan_layers: bool = True
   param_dtype: Any = jnp.float32
   dtype: Any = jnp.float32
   hf_config: Mapping[str, Any] | None = dataclasses.field(
@@ -120,6 +123,20 @@ class ModelConfig:
   @property
   def rotary_dim(self) -> int:
     return int(self.head_dim * self.partial_rotary_factor)
+
+  @property
+  def layer_cycle(self) -> int:
+    """Length of the shortest repeating pattern of `layer_types` (Qwen3.5:
+    DeltaNet x3 + attention = 4; Qwen3: 1); the whole stack when irregular."""
+    n = self.num_hidden_layers
+    for period in range(1, n + 1):
+      if n % period == 0 and self.layer_types == self.layer_types[:period] * (n // period):
+        return period
+    return n
+
+  @property
+  def num_cycles(self) -> int:
+    return self.num_hidden_layers // self.layer_cycle
 
   @property
   def is_multimodal_layout(self) -> bool:

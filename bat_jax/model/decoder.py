@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from bat_jax import sharding
 from bat_jax.model.attention import AttentionMask
 from bat_jax.model.config import ModelConfig
 from bat_jax.model.deltanet import DeltaNetState, GatedDeltaNet
@@ -89,21 +90,55 @@ class DecoderLayer(nnx.Module):
     return x + self.mlp(self.post_attention_layernorm(x)), cache
 
 
-def _remat_layer(layer: DecoderLayer, x: jax.Array, policy: Callable[..., bool],
-                 **inputs: jax.Array) -> tuple[jax.Array, None]:
-  """One cache-free layer call under `nnx.remat` with `policy`."""
-  call = nnx.remat(lambda mod, h, kw: mod(h, write_slots=None, cache=None, **kw), policy=policy)
+def _remat_layer(layer: DecoderLayer, x: jax.Array, policy: Callable[..., bool], *,
+                 prevent_cse: bool = True, **inputs: jax.Array) -> tuple[jax.Array, None]:
+  """One cache-free layer call under `nnx.remat` with `policy` (`prevent_cse`
+  may be off inside `lax.scan`, whose loop already stops CSE)."""
+  call = nnx.remat(lambda mod, h, kw: mod(h, write_slots=None, cache=None, **kw), policy=policy,
+                   prevent_cse=prevent_cse)
   return call(layer, x, inputs)
 
 
+def _stack_layers(layers: list[DecoderLayer]) -> DecoderLayer:
+  """One DecoderLayer whose params are `layers`' params stacked on a new
+  leading axis (logical name "layers"). Reuses `layers[0]`'s graph."""
+  first = layers[0]
+  flats = [dict(nnx.to_flat_state(nnx.state(layer, nnx.Param))) for layer in layers]
+  for path, var in flats[0].items():
+    var.set_value(jnp.stack([flat[path].get_value() for flat in flats]))
+    axes = var.get_metadata().get("out_sharding")
+    if axes is not None:
+      var.set_metadata(out_sharding=("layers", *axes))
+  return first
+
+
+def _layer_slice(stacked: DecoderLayer, index: int) -> DecoderLayer:
+  """Layer `index` of a stacked DecoderLayer (params sliced; for cached decode)."""
+  graphdef, state = nnx.split(stacked)
+  return nnx.merge(graphdef, jax.tree.map(lambda a: a[index], state))
+
+
 class CausalLM(nnx.Module):
-  """Decoder-only LM: embed -> layers -> final norm -> (tied or untied) unembed."""
+  """Decoder-only LM: embed -> layers -> final norm -> (tied or untied) unembed.
+
+  Param layout of `layers` (an nnx.List):
+  * `cfg.scan_layers=False`: one DecoderLayer per HF layer, `layers[i]`.
+  * `cfg.scan_layers=True`: one DecoderLayer per position j of the repeating
+    layer cycle (`cfg.layer_cycle`), every param stacked `[num_cycles, ...]`;
+    `layers[j].<param>[c]` is HF layer `c * layer_cycle + j`. Cache-free
+    forwards scan over cycles; cached decode slices the params per layer.
+  """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.config = cfg
     self.embed_tokens = Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype,
                               param_dtype=cfg.param_dtype, rngs=rngs)
-    self.layers = nnx.List([DecoderLayer(cfg, kind, rngs=rngs) for kind in cfg.layer_types])
+    # Built in HF layer order either way, so both layouts get the same init values.
+    layers = [DecoderLayer(cfg, kind, rngs=rngs) for kind in cfg.layer_types]
+    if cfg.scan_layers:
+      period = cfg.layer_cycle
+      layers = [_stack_layers(layers[j::period]) for j in range(period)]
+    self.layers = nnx.List(layers)
     self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps,
                         zero_centered=cfg.zero_centered_norm, param_dtype=cfg.param_dtype,
                         axis_name="embed_norm")
@@ -112,6 +147,30 @@ class CausalLM(nnx.Module):
       w = 0.02 * jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.hidden_size))
       lm_head = logical_param(w.astype(cfg.param_dtype), ("vocab", "embed"))
     self.lm_head = nnx.data(lm_head)
+
+  def layer(self, index: int) -> DecoderLayer:
+    """HF layer `index` as an unstacked DecoderLayer (a slice when scanned)."""
+    if not self.config.scan_layers:
+      return self.layers[index]
+    cycle, pos = divmod(index, self.config.layer_cycle)
+    return _layer_slice(self.layers[pos], cycle)
+
+  def _scan_layers(self, x: jax.Array, remat_policy: Callable[..., bool] | None,
+                   **inputs: jax.Array) -> jax.Array:
+    """Cache-free pass over the stacked cycles: one `lax.scan` step per cycle."""
+    graphdef, state = nnx.split(self.layers)
+
+    def cycle(h, cycle_state):
+      for layer in nnx.merge(graphdef, cycle_state):
+        h = sharding.constrain(h, sharding.ACTIVATION_AXES)
+        if remat_policy is not None:
+          h, _ = _remat_layer(layer, h, remat_policy, prevent_cse=False, **inputs)
+        else:
+          h, _ = layer(h, write_slots=None, cache=None, **inputs)
+      return sharding.constrain(h, sharding.ACTIVATION_AXES), None
+
+    x, _ = jax.lax.scan(cycle, x, state)
+    return x
 
   # -- public API -------------------------------------------------------------
 
@@ -126,12 +185,13 @@ class CausalLM(nnx.Module):
     dtype = jnp.dtype(dtype or self.config.dtype)
     cfg = self.config
     layers: list[LayerCache] = []
-    for layer in self.layers:
-      if layer.layer_type == "full_attention":
+    for i, kind in enumerate(cfg.layer_types):
+      if kind == "full_attention":
         shape = (batch_size, max_len, cfg.num_key_value_heads, cfg.head_dim)
         layers.append(KVCache(key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype)))
       else:
-        layers.append(layer.linear_attn.init_state(batch_size, dtype))
+        mixer = self.layers[i % cfg.layer_cycle if cfg.scan_layers else i].linear_attn
+        layers.append(mixer.init_state(batch_size, dtype))
     return DecodeCache(layers=tuple(layers), lengths=jnp.zeros((batch_size,), jnp.int32))
 
   def hidden_states(self, input_ids: jax.Array, *, positions: jax.Array | None = None,
@@ -158,6 +218,7 @@ class CausalLM(nnx.Module):
     slots = start + counts - 1
     if positions is None:
       positions = jnp.maximum(slots, 0)
+    cache_layers = (None,) * self.config.num_hidden_layers if cache is None else cache.layers
     if cache is None:
       attn_mask = AttentionMask.causal(valid)
       write_slots = None
@@ -166,17 +227,20 @@ class CausalLM(nnx.Module):
       attn_mask = AttentionMask.for_cache(slots, start[:, 0] + counts[:, -1], max_len)
       write_slots = jnp.where(valid, slots, max_len)  # out of range -> dropped
 
-    x = self.embed_tokens(input_ids)
+    x = sharding.constrain(self.embed_tokens(input_ids), sharding.ACTIVATION_AXES)
+    inputs = dict(positions=positions, attn_mask=attn_mask, valid=valid)
     new_layers = []
-    for i, layer in enumerate(self.layers):
-      if remat_policy is not None:
-        x, layer_cache = _remat_layer(layer, x, remat_policy, positions=positions,
-                                      attn_mask=attn_mask, valid=valid)
-      else:
-        x, layer_cache = layer(x, positions=positions, attn_mask=attn_mask, valid=valid,
-                               write_slots=write_slots,
-                               cache=None if cache is None else cache.layers[i])
-      new_layers.append(layer_cache)
+    if cache is None and self.config.scan_layers:
+      x = self._scan_layers(x, remat_policy, **inputs)
+    else:
+      for i, layer_cache in enumerate(cache_layers):
+        layer = self.layer(i)
+        if remat_policy is not None:
+          x, layer_cache = _remat_layer(layer, x, remat_policy, **inputs)
+        else:
+          x, layer_cache = layer(x, write_slots=write_slots, cache=layer_cache, **inputs)
+        x = sharding.constrain(x, sharding.ACTIVATION_AXES)
+        new_layers.append(layer_cache)
     x = self.norm(x)
     if cache is None:
       return x

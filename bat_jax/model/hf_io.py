@@ -13,21 +13,22 @@ any arithmetic, so import -> export -> import is bit-identical.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from bat_jax import io_utils
+from bat_jax import io_utils, sharding
 from bat_jax.model.config import CONFIG_FILE, ModelConfig
 from bat_jax.model.decoder import CausalLM, build_model
 
@@ -50,7 +51,7 @@ def _prefix(cfg: ModelConfig) -> str:
 
 
 def _hf_name(cfg: ModelConfig, path: tuple) -> str:
-  """NNX param path -> HF tensor name."""
+  """Unstacked NNX param path (`layers`, HF layer index, ...) -> HF tensor name."""
   if path == ("lm_head",):
     return "lm_head.weight"
   parts = [str(p) for p in path]
@@ -62,6 +63,20 @@ def _hf_name(cfg: ModelConfig, path: tuple) -> str:
   return _prefix(cfg) + ".".join(parts)
 
 
+def _hf_names(cfg: ModelConfig, path: tuple) -> list[str]:
+  """HF names of one NNX param: one name, or one per cycle when the param is
+  stacked (`layers[j]` with `scan_layers`: HF layers j, j + P, j + 2P, ...)."""
+  if cfg.scan_layers and path[0] == "layers":
+    period, pos = cfg.layer_cycle, int(path[1])
+    return [_hf_name(cfg, ("layers", c * period + pos, *path[2:]))
+            for c in range(cfg.num_cycles)]
+  return [_hf_name(cfg, path)]
+
+
+def _is_stacked(cfg: ModelConfig, path: tuple) -> bool:
+  return cfg.scan_layers and path[0] == "layers"
+
+
 def _to_hf(leaf: str, value: np.ndarray) -> np.ndarray:
   if leaf == "kernel":
     return np.ascontiguousarray(value.T)
@@ -70,12 +85,12 @@ def _to_hf(leaf: str, value: np.ndarray) -> np.ndarray:
   return value
 
 
-def _from_hf(leaf: str, value: np.ndarray) -> np.ndarray:
+def _hf_shape_to_nnx(leaf: str, shape: tuple[int, ...]) -> tuple[int, ...]:
   if leaf == "kernel":
-    return np.ascontiguousarray(value.T)
-  if leaf == "conv_weight":
-    return value[:, 0, :] if value.ndim == 3 else value
-  return value
+    return tuple(reversed(shape))
+  if leaf == "conv_weight" and len(shape) == 3 and shape[1] == 1:
+    return (shape[0], shape[2])
+  return tuple(shape)
 
 
 def _param_paths(model: CausalLM) -> dict[tuple, nnx.Variable]:
@@ -83,7 +98,10 @@ def _param_paths(model: CausalLM) -> dict[tuple, nnx.Variable]:
 
 
 def hf_state_dict(model: CausalLM) -> dict[str, np.ndarray]:
-  """All params as host numpy arrays under their HF names (param dtype)."""
+  """All params as host numpy arrays under their HF names (param dtype).
+
+  Sharded params are gathered to the host one at a time; stacked (scanned)
+  params are split back into one tensor per HF layer."""
   cfg = model.config
   out = {}
   for path, var in _param_paths(model).items():
@@ -91,7 +109,11 @@ def hf_state_dict(model: CausalLM) -> dict[str, np.ndarray]:
     if not value.is_fully_addressable:  # multi-host: gather shards first
       from jax.experimental import multihost_utils
       value = multihost_utils.process_allgather(value, tiled=True)
-    out[_hf_name(cfg, path)] = _to_hf(str(path[-1]), np.asarray(jax.device_get(value)))
+    value = np.asarray(jax.device_get(value))
+    names = _hf_names(cfg, path)
+    slices = list(value) if _is_stacked(cfg, path) else [value]
+    for name, piece in zip(names, slices):
+      out[name] = _to_hf(str(path[-1]), piece)
   return out
 
 
@@ -118,36 +140,9 @@ def _checkpoint_files(path: Path) -> dict[str, Path]:
     return {name: single for name in f.keys()}
 
 
-def _iter_tensors(files: Mapping[str, Path], names: set[str]) -> Iterator[tuple[str, np.ndarray, Path]]:
-  by_file: dict[Path, list[str]] = {}
-  for name in names:
-    by_file.setdefault(files[name], []).append(name)
-  for fpath, fnames in sorted(by_file.items()):
-    with safe_open(fpath, framework="numpy") as f:
-      for name in sorted(fnames):
-        yield name, f.get_tensor(name), fpath
-
-
-def load_pretrained(path: str | Path, *, dtype=None, param_dtype=None) -> CausalLM:
-  """Loads an HF Qwen3 / Qwen3.5 checkpoint directory into a `CausalLM`.
-
-  Args:
-    path: directory with config.json and model.safetensors (or a sharded
-      model.safetensors.index.json).
-    dtype: compute dtype (default fp32). param_dtype: storage dtype (default fp32).
-  Raises:
-    FileNotFoundError naming a missing config / weights file; KeyError naming
-    missing or unexpected weights; ValueError naming a shape mismatch or an
-    unsupported model_type.
-  """
-  path = Path(path)
-  cfg = ModelConfig.from_pretrained_dir(path, dtype=dtype, param_dtype=param_dtype)
-  files = _checkpoint_files(path)
-  abstract = nnx.eval_shape(lambda: build_model(cfg, rngs=nnx.Rngs(0)))
-  graphdef, state = nnx.split(abstract)
-  params = _param_paths(abstract)
-  expected = {_hf_name(cfg, p): p for p in params}
-
+def _check_names(path: Path, files: Mapping[str, Path], expected: set[str],
+                 cfg: ModelConfig) -> None:
+  """Raises KeyError naming missing / unexpected weights; logs skipped ones."""
   skipped = sorted(n for n in files if n not in expected and n.startswith(_SKIPPED_PREFIXES))
   if skipped:
     parts = sorted({n.split(".")[1] if n.startswith("model.") else n.split(".")[0] for n in skipped})
@@ -156,25 +151,105 @@ def load_pretrained(path: str | Path, *, dtype=None, param_dtype=None) -> Causal
   if cfg.tie_word_embeddings and "lm_head.weight" in files:
     skipped.append("lm_head.weight")  # tied: the embedding table is the head
     log.info("load_pretrained: ignoring lm_head.weight (tie_word_embeddings=true)")
-  unexpected = sorted(set(files) - set(expected) - set(skipped))
+  unexpected = sorted(set(files) - expected - set(skipped))
   if unexpected:
     where = sorted({files[n].name for n in unexpected})
     raise KeyError(f"unexpected weights in {path} ({', '.join(where)}): {unexpected[:10]}"
                    + (f" and {len(unexpected) - 10} more" if len(unexpected) > 10 else ""))
-  missing = sorted(set(expected) - set(files))
+  missing = sorted(expected - set(files))
   if missing:
     raise KeyError(f"missing weights in {path}: {missing[:10]}"
                    + (f" and {len(missing) - 10} more" if len(missing) > 10 else ""))
 
+
+class _TensorReader:
+  """Slices of checkpoint tensors in NNX layout, read lazily (safetensors
+  `get_slice`: only the requested rows/columns leave the file)."""
+
+  def __init__(self, files: Mapping[str, Path], stack: contextlib.ExitStack):
+    self._files = files
+    self._handles = {f: stack.enter_context(safe_open(f, framework="numpy"))
+                     for f in sorted(set(files.values()))}
+
+  def nnx_shape(self, name: str, leaf: str) -> tuple[int, ...]:
+    return _hf_shape_to_nnx(leaf, tuple(self._handles[self._files[name]].get_slice(name).get_shape()))
+
+  def read(self, name: str, leaf: str, index: tuple[slice, ...]) -> np.ndarray:
+    """`tensor[index]` in NNX layout (kernels transposed, conv squeezed)."""
+    view = self._handles[self._files[name]].get_slice(name)
+    if leaf == "kernel":
+      return np.ascontiguousarray(view[index[1], index[0]].T)
+    if leaf == "conv_weight" and len(view.get_shape()) == 3:
+      return view[index[0], :, index[1]][:, 0, :]
+    return view[index] if index else view[:]
+
+
+def _load_param(reader: _TensorReader, names: list[str], leaf: str, stacked: bool,
+                abstract: jax.ShapeDtypeStruct, sharding_: jax.sharding.Sharding) -> jax.Array:
+  """One param built shard by shard: each device's callback reads only its slice."""
+  dtype = abstract.dtype
+
+  def shard(index: tuple[slice, ...]) -> np.ndarray:
+    index = tuple(index)
+    if not stacked:
+      return reader.read(names[0], leaf, index).astype(dtype)
+    return np.stack([reader.read(name, leaf, index[1:]).astype(dtype)
+                     for name in names[index[0]]])
+
+  return jax.make_array_from_callback(abstract.shape, sharding_, shard)
+
+
+def load_pretrained(path: str | Path, *, dtype=None, param_dtype=None, mesh: Mesh | None = None,
+                    rules: sharding.Rules | None = None,
+                    scan_layers: bool | None = None) -> CausalLM:
+  """Loads an HF Qwen3 / Qwen3.5 checkpoint directory into a `CausalLM`.
+
+  The model is built abstractly (`nnx.eval_shape`, nothing allocated) and each
+  param is assembled from per-device slices read straight from the
+  safetensors files, so no tensor ever lands whole on one device.
+
+  Args:
+    path: directory with config.json and model.safetensors (or a sharded
+      model.safetensors.index.json).
+    dtype: compute dtype (default fp32). param_dtype: storage dtype (default fp32).
+    mesh: place every param on this mesh per its logical axes and `rules`
+      (default `sharding.DEFAULT_RULES`); None: the default device.
+    scan_layers: override `ModelConfig.scan_layers` (default: stacked).
+  Raises:
+    FileNotFoundError naming a missing config / weights file; KeyError naming
+    missing or unexpected weights; ValueError naming a shape mismatch or an
+    unsupported model_type.
+  """
+  path = Path(path)
+  cfg = ModelConfig.from_pretrained_dir(path, dtype=dtype, param_dtype=param_dtype)
+  if scan_layers is not None:
+    cfg = cfg.replace(scan_layers=scan_layers)
+  files = _checkpoint_files(path)
+  abstract = nnx.eval_shape(lambda: build_model(cfg, rngs=nnx.Rngs(0)))
+  graphdef, state = nnx.split(abstract)
+  params = _param_paths(abstract)
+  names = {p: _hf_names(cfg, p) for p in params}
+  _check_names(path, files, {n for ns in names.values() for n in ns}, cfg)
+  if mesh is None:
+    shardings = {p: jax.sharding.SingleDeviceSharding(jax.devices()[0]) for p in params}
+  else:
+    tree = sharding.model_shardings(state, mesh, rules or sharding.DEFAULT_RULES)
+    shardings = {tuple(p): v.get_value() for p, v in nnx.to_flat_state(tree)}
+
   values = {}
-  for name, tensor, fpath in _iter_tensors(files, set(expected)):
-    p = expected[name]
-    want = params[p]
-    value = _from_hf(str(p[-1]), tensor)
-    if value.shape != want.shape:
-      raise ValueError(f"shape mismatch for weight {name!r} in {fpath.name}: checkpoint has "
-                       f"{tuple(tensor.shape)}, model expects {_to_hf(str(p[-1]), np.empty(want.shape)).shape}")
-    values[p] = jnp.asarray(value, dtype=cfg.param_dtype)
+  with contextlib.ExitStack() as stack:
+    reader = _TensorReader(files, stack)
+    for p, var in params.items():
+      leaf, want = str(p[-1]), var.get_value()
+      per_layer = want.shape[1:] if _is_stacked(cfg, p) else want.shape
+      for name in names[p]:
+        got = reader.nnx_shape(name, leaf)
+        if got != tuple(per_layer):
+          raise ValueError(
+              f"shape mismatch for weight {name!r} in {files[name].name}: checkpoint has "
+              f"{_to_hf(leaf, np.empty(got)).shape}, model expects "
+              f"{_to_hf(leaf, np.empty(per_layer)).shape}")
+      values[p] = _load_param(reader, names[p], leaf, _is_stacked(cfg, p), want, shardings[p])
   flat = nnx.to_flat_state(state)
   new_flat = [(tuple(p), v.replace(values[tuple(p)]) if tuple(p) in values else v) for p, v in flat]
   return nnx.merge(graphdef, nnx.from_flat_state(new_flat))
