@@ -76,8 +76,8 @@ def shift_to_positions(values: Array) -> Array:
 
 
 def taken_token_logprobs(model, input_ids: Array, *, positions: Optional[Array] = None,
-                         valid: Optional[Array] = None, chunk_size: int = 512, temperature: float = 1.0,
-                         with_entropy: bool = False,
+                         valid: Optional[Array] = None, chunk_size: int = 512,
+                         temperature: float = 1.0, with_entropy: bool = False,
                          remat_policy: Optional[Callable[..., bool]] = None
                          ) -> tuple[Array, Optional[Array]]:
   """Per-position logprob of each token given its prefix, through `model.hidden_states`.

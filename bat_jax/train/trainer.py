@@ -9,8 +9,9 @@ source; MaxText: `jit_train_step` with explicit shardings, AOT-compiled once per
   created by `jit(init, out_shardings=...)`, AdamW moments by a jitted `optimizer.init` with
   `out_shardings`, and a resume restores orbax arrays directly into the target shardings, so no
   full copy of a leaf ever sits on one device;
-- AOT compilation (`.lower().compile()`) once per (program, shapes), with XLA's memory analysis of
-  that same executable logged and kept in `memory` (no second compile to measure);
+- AOT compilation (`.lower().compile()`) once per (program, shapes), traced under the model's
+  activation-sharding context (batch over data x fsdp at layer boundaries), with XLA's memory
+  analysis of that same executable logged and kept in `memory` (no second compile to measure);
 - forward-only logprob passes (old policy, reference) on the step's micro-batches and shardings;
 - the resume loop and the checkpoint cadence (`fit`).
 
@@ -165,7 +166,10 @@ class Trainer:
   def _compile(self, name: str, key: tuple, lower: Callable[[], Any]):
     full_key = (self.cache_key, name, key)
     if full_key not in _COMPILED:
-      compiled = lower().compile()
+      # The model's activation constraints read the mesh and rules while it is traced.
+      with sharding.activation_sharding(self.mesh, self.rules):
+        lowered = lower()
+      compiled = lowered.compile()
       _COMPILED[full_key] = (compiled, memory_report(compiled))
     compiled, report = _COMPILED[full_key]
     if name not in self.memory or self.memory[name] != report:

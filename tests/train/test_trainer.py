@@ -8,7 +8,6 @@ Sharding checks run on 8 fake CPU devices (tests/conftest.py) with a model whose
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from flax import nnx
 
 from bat_jax import sharding
@@ -88,11 +87,6 @@ def test_resume_restores_straight_into_the_target_shardings(tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-# Needs helper modelscale's `load_pretrained(..., mesh=, rules=)` (issue 11): until that branch
-# is merged the call raises TypeError, which is the only failure tolerated here. Remove the mark
-# after the merge.
-@pytest.mark.xfail(raises=TypeError, strict=False,
-                   reason="load_pretrained(mesh=, rules=) lands with modelscale's hf_io change")
 def test_hf_load_places_each_tensor_on_its_shards(tmp_path):
   save_pretrained(build_model(wide_config(), rngs=nnx.Rngs(2)), tmp_path / "hf")
   model = load_pretrained(tmp_path / "hf", mesh=fsdp_mesh(), rules=RULES)
