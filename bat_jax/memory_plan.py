@@ -6,9 +6,9 @@ config's full shapes (full width and depth, the real global batch, the longest s
 allows) on fake CPU devices shaped like the config's mesh, with abstract params (nothing is
 allocated). From the compiled programs' memory analysis and the state's shardings it prints, per
 device: params, optimizer state, reference, gradients, each program's temp and peak, the budget the
-layout leaves to JAX (`memory.device_gib` x `distributed.xla_mem_fraction`, the rest belongs to the
-co-located rollout server) and `fits`, and the rollout server's own need in its share. Exits 1 when
-something does not fit. `--json=PATH` writes the same numbers.
+layout (`memory.layout`, see `layout_budget`) leaves to JAX after the co-located rollout server's
+share, the rollout server's own need in its share, and `fits`. Exits 1 when something does not
+fit. `--json=PATH` writes the same numbers.
 
 Model shapes come from `model.path/config.json` when it exists, else from the published Qwen3.5
 text configs below (keyed by the checkpoint directory's name), else `model.hf_config` (scratch).
@@ -35,6 +35,7 @@ _LAYERS = flags.DEFINE_integer("num_layers", None, "plan a shallower model (meas
 flags.mark_flags_as_required(["config"])
 
 GIB = 2**30
+LAYOUTS = ("fraction", "timeshare")
 # Published Qwen3.5 text configs (HF config.json `text_config`), used when the checkpoint itself
 # is not on this machine. Every 4th layer is full attention (HF's full_attention_interval).
 PUBLISHED_TEXT_CONFIGS: dict[str, dict[str, Any]] = {
@@ -181,27 +182,55 @@ def plan(cfg, num_layers: Optional[int] = None) -> dict[str, Any]:
   if kl:
     phases["ref_logp_pass"] = _phase(mem[name("ref_logp", (b_rl, t_rl))], params_b + opt_b,
                                      donated=False)
-  budget = int(cfg.memory.device_gib * GIB * (cfg.distributed.xla_mem_fraction or 1.0))
   peak = max(p["peak"] for p in phases.values())
-  rollout = rollout_need(cfg, model_cfg, t_rl)
+  budget = layout_budget(cfg, resident=params_b + opt_b + ref_b, context=t_rl, model_cfg=model_cfg)
   return {
       "config": {"model_layers": model_cfg.num_hidden_layers, "hidden": model_cfg.hidden_size,
                  "mesh": dict(mesh.shape), "sft_batch": [b_sft, t_sft],
                  "grpo_batch": [b_rl, t_rl], "micro_batches": [cfg.sft.micro_batches,
                                                                cfg.grpo.micro_batches],
                  "weight_dtype": cfg.trainer.weight_dtype,
-                 "reference_dtype": cfg.trainer.reference_dtype},
+                 "reference_dtype": cfg.trainer.reference_dtype, "layout": cfg.memory.layout},
       "per_device": {"params": params_b, "optimizer": opt_b, "reference": ref_b,
                      "gradients": grads_b, "phases": phases, "peak": peak},
-      "budget": {"device": int(cfg.memory.device_gib * GIB), "jax": budget, **rollout},
-      "fits": bool(peak <= budget and rollout["rollout_fits"]),
+      "budget": budget,
+      "fits": bool(peak <= budget["jax"] and budget["rollout_fits"]),
       "compile_seconds": seconds,
   }
 
 
-def rollout_need(cfg, model_cfg, context: int) -> dict[str, Any]:
-  """What the co-located SGLang server needs in its share: bf16 weights over its TP group plus
-  the KV / recurrent state of its share of the concurrent trajectories at full context."""
+def layout_budget(cfg, *, resident: int, context: int, model_cfg) -> dict[str, Any]:
+  """JAX's budget per device and the rollout server's share under `memory.layout`.
+
+  fraction: JAX gets `xla_mem_fraction` of the device, SGLang the rest.
+  timeshare: SGLang releases its memory around each train step, keeping `rollout_reserved_gib`,
+  so a step may use the rest; during rollouts SGLang's `mem_fraction_static` share must fit
+  beside what JAX keeps between steps (`resident`: params, moments, reference).
+  """
+  device = int(cfg.memory.device_gib * GIB)
+  s = cfg.rollout.sglang
+  if cfg.memory.layout == "timeshare":
+    jax_budget = device - int(cfg.memory.rollout_reserved_gib * GIB)
+    share = int(device * s.mem_fraction_static)
+    share_ok = share + resident <= device
+  elif cfg.memory.layout == "fraction":
+    jax_budget = int(device * (cfg.distributed.xla_mem_fraction or 1.0))
+    share = device - jax_budget
+    share_ok = True
+  else:
+    raise ValueError(f"config.memory.layout={cfg.memory.layout!r} is not one of "
+                     f"{list(LAYOUTS)}")
+  need = rollout_need(cfg, model_cfg, context)
+  uses_sglang = cfg.rollout.engine == "sglang"
+  return {"device": device, "jax": jax_budget, "jax_resident": resident, "rollout_share": share,
+          **need, "rollout_fits": bool(not uses_sglang or (share_ok and need["rollout_need"]
+                                                           <= share))}
+
+
+def rollout_need(cfg, model_cfg, context: int) -> dict[str, int]:
+  """What one SGLang GPU needs: bf16 weights over its TP group plus the KV (full-attention
+  layers) and recurrent state (DeltaNet layers) of its replica's share of the concurrent
+  trajectories at full context."""
   from bat_jax.model import build_model
   from flax import nnx
   import jax
@@ -217,9 +246,7 @@ def rollout_need(cfg, model_cfg, context: int) -> dict[str, Any]:
       model_cfg.linear_key_head_dim * model_cfg.linear_value_head_dim * 4) // s.tp_size
   per_replica = math.ceil(cfg.rollout.max_concurrent_trajectories / s.dp_size)
   need = weights + per_replica * (context * kv_per_token + state_per_seq)
-  share = int(cfg.memory.device_gib * GIB * (1.0 - (cfg.distributed.xla_mem_fraction or 1.0)))
-  return {"rollout_share": share, "rollout_weights": weights, "rollout_need": need,
-          "rollout_fits": bool(cfg.rollout.engine != "sglang" or need <= share)}
+  return {"rollout_weights": weights, "rollout_need": need, "params_count": n_params}
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -234,7 +261,8 @@ def format_table(result: dict[str, Any]) -> str:
   for name, p in d["phases"].items():
     lines.append(f"{name + ' temp':<28}{gib(p['temp'])}   peak {gib(p['peak'])}")
   lines += [f"{'total (largest peak)':<28}{gib(d['peak'])}",
-            f"{'JAX budget':<28}{gib(budget['jax'])}   of {gib(budget['device'])}",
+            f"{'JAX budget':<28}{gib(budget['jax'])}   of {gib(budget['device'])} "
+            f"({result['config']['layout']}; resident between steps {gib(budget['jax_resident'])})",
             f"{'rollout share / need':<28}{gib(budget['rollout_share'])}   need "
             f"{gib(budget['rollout_need'])} (weights {gib(budget['rollout_weights'])})",
             f"compile seconds: {result['compile_seconds']}",

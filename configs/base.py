@@ -105,10 +105,16 @@ def base_config() -> ml_collections.ConfigDict:
   # the promoted policy's export and the SFT policy are always kept.
   c.trainer.keep_rounds = 2
 
-  # The memory plan (python -m bat_jax.memory_plan): what one accelerator offers. JAX's share is
-  # distributed.xla_mem_fraction; the rest belongs to the co-located rollout server.
+  # How trainer and rollout server share each accelerator (README "GPU memory layout"; checked by
+  # python -m bat_jax.memory_plan). "fraction": fixed split, JAX gets distributed.xla_mem_fraction.
+  # "timeshare": the rollout server releases its weights and KV pool around every train step
+  # (SGLang /release_memory_occupation, /resume_memory_occupation) and JAX allocates without a
+  # pool (XLA_PYTHON_CLIENT_ALLOCATOR=platform), so between steps it holds only params, moments
+  # and reference; a step may use all but `rollout_reserved_gib`.
   c.memory = ml_collections.ConfigDict()
+  c.memory.layout = "fraction"
   c.memory.device_gib = 80.0
+  c.memory.rollout_reserved_gib = 4.0    # timeshare: what a released rollout server still holds
 
   # Cold-start SFT, run once (release: full parameter, bf16, 8 devices x 1 x 4 accumulation).
   c.sft = ml_collections.ConfigDict()
