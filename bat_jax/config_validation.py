@@ -31,6 +31,7 @@ LAYER_TYPES = ("linear_attention", "full_attention")
 DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZER_SOURCES = ("pretrained", "train")
 ROLLOUT_ENGINES = ("jax", "sglang")
+MEMORY_LAYOUTS = ("fraction", "timeshare")  # bat_jax.memory_plan.layout_budget
 STAGEBANK_MODES = ("spawn", "connect")
 EVALUATOR_KINDS = ("builtin", "external")
 EXTERNAL_PLACEHOLDERS = ("{checkpoint}", "{request}", "{output}")
@@ -169,6 +170,9 @@ def _check_training(ck: _Checker) -> None:
       ck.one_of(field, DTYPES)
   ck.that("trainer.keep_rounds", lambda v: v >= 1, ">= 1 (the last round's artifacts are kept)")
   ck.positive("memory.device_gib")
+  ck.one_of("memory.layout", MEMORY_LAYOUTS)
+  ck.that("memory.rollout_reserved_gib", lambda v: 0 <= v < ck.get("memory.device_gib"),
+          ">= 0 and below memory.device_gib")
   ck.positive("sft.steps", "sft.global_batch_size", "sft.max_seq_len", "sft.num_examples")
   ck.fraction("sft.validation_fraction")
   ck.divides("sft.global_batch_size", "sft.micro_batches")

@@ -28,6 +28,8 @@ from typing import Any, Optional
 from absl import app, flags
 from ml_collections import config_flags
 
+from bat_jax.config_validation import MEMORY_LAYOUTS
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "run config file (configs/*.py[:arg])",
                                           lock_config=True)
 _JSON = flags.DEFINE_string("json", None, "write the plan as JSON here")
@@ -35,7 +37,6 @@ _LAYERS = flags.DEFINE_integer("num_layers", None, "plan a shallower model (meas
 flags.mark_flags_as_required(["config"])
 
 GIB = 2**30
-LAYOUTS = ("fraction", "timeshare")
 # Published Qwen3.5 text configs (HF config.json `text_config`), used when the checkpoint itself
 # is not on this machine. Every 4th layer is full attention (HF's full_attention_interval).
 PUBLISHED_TEXT_CONFIGS: dict[str, dict[str, Any]] = {
@@ -219,7 +220,7 @@ def layout_budget(cfg, *, resident: int, context: int, model_cfg) -> dict[str, A
     share_ok = True
   else:
     raise ValueError(f"config.memory.layout={cfg.memory.layout!r} is not one of "
-                     f"{list(LAYOUTS)}")
+                     f"{list(MEMORY_LAYOUTS)}")
   need = rollout_need(cfg, model_cfg, context)
   uses_sglang = cfg.rollout.engine == "sglang"
   return {"device": device, "jax": jax_budget, "jax_resident": resident, "rollout_share": share,
