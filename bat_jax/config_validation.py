@@ -19,6 +19,7 @@ from bat_jax import curriculum, gate
 from bat_jax.evaluator.generators import TIERS as EVALUATOR_TIERS
 from bat_jax.grpo import ADVANTAGE_ESTIMATORS
 from bat_jax.grpo.loss import validate_loss_config
+from bat_jax.model.attention import ATTENTION_IMPLS
 from bat_jax.model.config import SUPPORTED_MODEL_TYPES
 from bat_jax.rollout.agent_loop import RolloutLimits
 from bat_jax.rollout.engine import SamplingParams
@@ -169,6 +170,8 @@ def _check_training(ck: _Checker) -> None:
     if ck.get(field) is not None:
       ck.one_of(field, DTYPES)
   ck.that("trainer.keep_rounds", lambda v: v >= 1, ">= 1 (the last round's artifacts are kept)")
+  if ck.get("model.attention_impl") is not None:
+    ck.one_of("model.attention_impl", ATTENTION_IMPLS)
   ck.positive("memory.device_gib")
   ck.one_of("memory.layout", MEMORY_LAYOUTS)
   ck.that("memory.rollout_reserved_gib", lambda v: 0 <= v < ck.get("memory.device_gib"),

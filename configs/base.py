@@ -68,6 +68,10 @@ def base_config() -> ml_collections.ConfigDict:
   # below bf16's resolution for weights of order 1e-2 and would round away.
   c.model.dtype = "bfloat16"
   c.model.param_dtype = "float32"
+  # Softmax attention kernel of the trained policy (bat_jax.model.attention.ATTENTION_IMPLS):
+  # None picks automatically and would take cuDNN on any GPU, but cuDNN flash attention with
+  # Qwen3.5's head_dim 256 needs Hopper (sm90) or newer; set "chunked" (or "xla") on older GPUs.
+  c.model.attention_impl = config_dict.placeholder(str)
 
   c.tokenizer = ml_collections.ConfigDict()
   c.tokenizer.source = "pretrained"      # pretrained (read from `path`) | train

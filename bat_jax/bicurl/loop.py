@@ -40,6 +40,7 @@ from bat_jax.bicurl.state import OuterState, RoundRecord, RunPaths, round_policy
 from bat_jax.checkpointing import export_hf
 from bat_jax.config_validation import validate_config
 from bat_jax.model import ModelConfig, build_model, load_pretrained
+from bat_jax.model.decoder import with_attention_impl
 from bat_jax.sft import SftConfig, pad_example, run_sft, sft_loss_fn
 from bat_jax.train import Trainer, split_model
 from bat_jax.stagebank.rounds import RoundWeights
@@ -95,10 +96,12 @@ def _initial_policy(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh
   rules = tuple(cfg.sharding.rules)
   if cfg.model.source == "scratch":
     model_cfg = ModelConfig.from_hf_dict(cfg.model.hf_config.to_dict(), dtype=dtype,
-                                         param_dtype=param_dtype)
+                                         param_dtype=param_dtype,
+                                         ).replace(attention_impl=cfg.model.attention_impl)
     build = lambda: build_model(model_cfg, rngs=nnx.Rngs(cfg.seed))
     return nnx.eval_shape(build), lambda trainer: trainer.init_params(build)
-  model_cfg = ModelConfig.from_pretrained_dir(cfg.model.path, dtype=dtype, param_dtype=param_dtype)
+  model_cfg = ModelConfig.from_pretrained_dir(cfg.model.path, dtype=dtype, param_dtype=param_dtype
+                                              ).replace(attention_impl=cfg.model.attention_impl)
   abstract = nnx.eval_shape(lambda: build_model(model_cfg, rngs=nnx.Rngs(0)))
   load = lambda trainer: nnx.state(load_pretrained(cfg.model.path, dtype=dtype,
                                                    param_dtype=param_dtype, mesh=mesh,
@@ -281,7 +284,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
 
       # ---------------------------------------------------------------- GRPO
       start_name = state.baseline
-      model = setup.load_policy(cfg, paths.policy(start_name))
+      model = with_attention_impl(setup.load_policy(cfg, paths.policy(start_name)),
+                                  cfg.model.attention_impl)
       workspaces = paths.workdir / "rollouts" / round_policy_name(r)
       grpo = GrpoRound(cfg, r, model, ref_params, server, chat, paths.round_checkpoints(r),
                        workspaces)
