@@ -5,8 +5,6 @@ import os
 import subprocess
 import sys
 
-import jax
-import numpy as np
 import pytest
 
 from bat_jax import memory_plan

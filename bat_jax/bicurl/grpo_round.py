@@ -20,13 +20,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
 
 from bat_jax import sharding
-from bat_jax.checkpointing import Checkpointer
 from bat_jax.grpo import GrpoConfig, group_advantages, grpo_loss_fn
 from bat_jax.train import (LogprobPassConfig, OptimizerConfig, StepConfig, Trainer,
                            TrainerConfig, TrainState, split_model)

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import tqdm
