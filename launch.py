@@ -53,12 +53,14 @@ def main(argv: list[str]) -> int:
   except ConfigError as e:
     print(e, file=sys.stderr)
     return 2
-  if cfg.distributed.xla_mem_fraction is not None:  # before JAX touches a GPU
+  if cfg.memory.layout == "timeshare":  # no pool: between steps JAX holds only its live arrays
+    os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  elif cfg.distributed.xla_mem_fraction is not None:  # before JAX touches a GPU
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(cfg.distributed.xla_mem_fraction))
   if cfg.distributed.enabled:
     initialize_distributed(cfg.distributed)
-  # A persistent XLA cache per run: a resumed run (and the SFT step, compiled once ahead of
-  # time for its memory analysis and once by the loop) does not pay for compiling twice.
+  # A persistent XLA cache per run: a resumed run does not pay for compiling again.
   import jax
   if not jax.config.jax_compilation_cache_dir:
     jax.config.update("jax_compilation_cache_dir", os.path.join(_WORKDIR.value, "xla_cache"))

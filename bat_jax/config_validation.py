@@ -19,14 +19,16 @@ from ml_collections import ConfigDict
 
 from bat_jax import curriculum, gate
 from bat_jax.evaluator.generators import TIERS as EVALUATOR_TIERS
-from bat_jax.grpo import ADVANTAGE_ESTIMATORS, REMAT_POLICIES, SCHEDULES
+from bat_jax.grpo import ADVANTAGE_ESTIMATORS
 from bat_jax.grpo.loss import validate_loss_config
+from bat_jax.model.attention import ATTENTION_IMPLS
 from bat_jax.model.config import SUPPORTED_MODEL_TYPES
 from bat_jax.rollout.agent_loop import RolloutLimits
 from bat_jax.rollout.engine import SamplingParams
 from bat_jax.rollout.sglang_launcher import SERVER_MODULES, SERVING_DTYPES
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.sharding import MESH_AXES
+from bat_jax.train import REMAT_POLICIES, SCHEDULES
 
 MODEL_SOURCES = ("scratch", "pretrained")
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -36,6 +38,7 @@ ROLLOUT_ENGINES = ("jax", "sglang")
 # Engines whose completions carry the sampler's per-token logprobs (truncated IS needs them).
 ENGINES_WITH_SAMPLER_LOGPROBS = ("jax", "sglang")
 KL_REFERENCES = ("sft", "round_start")
+MEMORY_LAYOUTS = ("fraction", "timeshare")  # bat_jax.memory_plan.layout_budget
 STAGEBANK_MODES = ("spawn", "connect")
 EVALUATOR_KINDS = ("builtin", "external")
 EXTERNAL_PLACEHOLDERS = ("{checkpoint}", "{request}", "{output}")
@@ -169,6 +172,16 @@ def _check_training(ck: _Checker) -> None:
     ck.that(f"{phase}.weight_decay", lambda v: v >= 0, ">= 0")
     ck.one_of(f"{phase}.schedule", SCHEDULES)
     ck.one_of(f"{phase}.remat", REMAT_POLICIES)
+  for field in ("trainer.weight_dtype", "trainer.reference_dtype"):
+    if ck.get(field) is not None:
+      ck.one_of(field, DTYPES)
+  ck.that("trainer.keep_rounds", lambda v: v >= 1, ">= 1 (the last round's artifacts are kept)")
+  if ck.get("model.attention_impl") is not None:
+    ck.one_of("model.attention_impl", ATTENTION_IMPLS)
+  ck.positive("memory.device_gib")
+  ck.one_of("memory.layout", MEMORY_LAYOUTS)
+  ck.that("memory.rollout_reserved_gib", lambda v: 0 <= v < ck.get("memory.device_gib"),
+          ">= 0 and below memory.device_gib")
   ck.positive("sft.steps", "sft.global_batch_size", "sft.max_seq_len", "sft.num_examples")
   ck.fraction("sft.validation_fraction")
   ck.divides("sft.global_batch_size", "sft.micro_batches")

@@ -4,9 +4,10 @@ The examples come from `ChatFormat.encode_sft_example(messages, target_action) -
 loss_mask)`, whose mask is 1 only on the target action's tokens (its end token included); context,
 earlier assistant turns, tool observations and padding are 0. This module only consumes masks.
 
-SFT reuses the GRPO step machinery (`bat_jax.grpo.train_step.build_step_fn`): only the objective
-differs. `run_sft` is the resumable loop (orbax checkpoints of the train state and of the grain
-iterator position), killable at any point and resumable bit-identically.
+SFT supplies only a loss (`sft_loss_fn`) and a batch source (a grain iterator) to the shared
+trainer (`bat_jax.train.Trainer`), which owns the sharded state, the compiled step and the
+resumable loop (orbax checkpoints of the train state and of the grain iterator position),
+killable at any point and resumable bit-identically.
 """
 
 from __future__ import annotations
@@ -21,11 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from bat_jax.checkpointing import Checkpointer
+from bat_jax import sharding
 from bat_jax.grpo.logprobs import taken_token_logprobs
-from bat_jax.grpo.train_step import (Batch, OptimizerConfig, RematPolicy, StepConfig,
-                                     StepShardings, TrainState, build_step_fn, init_train_state,
-                                     make_optimizer, make_train_step, split_model)
+from bat_jax.train.step import Batch, OptimizerConfig, RematPolicy, StepConfig, TrainState
+from bat_jax.train.trainer import Trainer, TrainerConfig
 
 Example = tuple[Sequence[int], Sequence[int]]  # (ids, loss_mask) of one conversation
 
@@ -43,7 +43,8 @@ def sft_loss_fn(*, chunk_size: int = 512):
       raise ValueError(f"batch['loss_mask'] {batch['loss_mask'].shape} != batch['input_ids'] "
                        f"{batch['input_ids'].shape}")
     logp, _ = taken_token_logprobs(model, batch["input_ids"], positions=batch.get("positions"),
-                                   chunk_size=chunk_size, remat_policy=remat_policy)
+                                   valid=batch.get("valid"), chunk_size=chunk_size,
+                                   remat_policy=remat_policy)
     mask = batch["loss_mask"].astype(jnp.float32)
     nll = -(logp * mask).sum()
     return nll, mask.sum(), {"tokens": mask.sum(), "nll_sum": nll}
@@ -53,7 +54,8 @@ def sft_loss_fn(*, chunk_size: int = 512):
 
 def pad_example(ids: Sequence[int], loss_mask: Sequence[int], *, max_len: int,
                 pad_id: int) -> dict[str, np.ndarray]:
-  """Right-pads one example to `max_len` (padding mask 0).
+  """Right-pads one example to `max_len`: `input_ids`, `loss_mask` (0 on padding) and `valid`
+  (1 on the real tokens), which keeps pad positions out of every real one's forward.
 
   Raises:
     ValueError: ids/mask lengths differ, the example exceeds `max_len`, or the mask is 1 on the
@@ -70,7 +72,8 @@ def pad_example(ids: Sequence[int], loss_mask: Sequence[int], *, max_len: int,
     raise ValueError("loss_mask[0] is 1, but the first token has no prefix to predict it")
   pad = max_len - len(ids)
   return {"input_ids": np.pad(ids, (0, pad), constant_values=pad_id),
-          "loss_mask": np.pad(mask, (0, pad))}
+          "loss_mask": np.pad(mask, (0, pad)),
+          "valid": np.pad(np.ones(len(ids), np.int32), (0, pad))}
 
 
 def drop_too_long(examples: Sequence[Example], max_len: int) -> tuple[list[Example], list[int]]:
@@ -116,56 +119,80 @@ class SftConfig:
       if getattr(self, name) < 1:
         raise ValueError(f"SftConfig.{name} must be >= 1, got {getattr(self, name)}")
 
+  def trainer_config(self) -> TrainerConfig:
+    return TrainerConfig(optimizer=self.optimizer, step=self.step, seed=self.seed,
+                         checkpoint_every=self.checkpoint_every,
+                         keep_checkpoints=self.keep_checkpoints)
+
 
 StepCallback = Callable[[int, Mapping[str, Any]], None]
 
 
+class SftBatches:
+  """The trainer's batch source for SFT: a grain iterator whose state is the data position."""
+
+  def __init__(self, dataset: grain.MapDataset):
+    self._batches = iter(dataset)
+
+  def next_batch(self, trainer: Trainer, state: TrainState) -> Batch:
+    del trainer, state
+    return next(self._batches)
+
+  def record(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+    del step
+    return metrics
+
+  def get_state(self) -> Any:
+    return self._batches.get_state()
+
+  def outer_state(self) -> None:
+    return None
+
+  def restore(self, data_state: Any, outer_state: Any) -> None:
+    del outer_state
+    self._batches.set_state(data_state)
+
+
+def sft_trainer(model: nnx.Module, cfg: SftConfig, mesh: Optional[jax.sharding.Mesh] = None,
+                rules: sharding.Rules = sharding.DEFAULT_RULES, **kw) -> Trainer:
+  """The SFT `Trainer` for `model` (concrete or abstract); default mesh: the first device."""
+  if mesh is None:
+    mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+  return Trainer.for_model(model, sft_loss_fn(chunk_size=cfg.logprob_chunk_size),
+                           cfg.trainer_config(), mesh, rules, **kw)
+
+
 def run_sft(model: nnx.Module, examples: Sequence[Example], cfg: SftConfig,
-            checkpoint_dir: str | Path, *, shardings: Optional[StepShardings] = None,
+            checkpoint_dir: str | Path, *, mesh: Optional[jax.sharding.Mesh] = None,
+            rules: sharding.Rules = sharding.DEFAULT_RULES,
+            make_params: Optional[Callable[[Trainer], Any]] = None,
             on_step: Optional[StepCallback] = None) -> TrainState:
-  """Trains `model` in place for `cfg.num_steps`, resuming from the latest checkpoint if any.
+  """Trains `model` for `cfg.num_steps`, resuming from the latest checkpoint if any.
 
   A checkpoint (train state + data position) is saved every `cfg.checkpoint_every` steps and at
   the end; a killed run restarted with the same arguments continues from the latest committed one
   and ends with bit-identical params (same compiled step, same data order).
 
   Args:
-    model: the policy; updated with the final params.
+    model: the policy (concrete, or abstract from `nnx.eval_shape` with `make_params`); updated
+      with the final params.
     examples: `(ids, loss_mask)` pairs (see `ChatFormat.encode_sft_example`).
     cfg: run options.
     checkpoint_dir: orbax directory of this run.
-    shardings: explicit step shardings (`bat_jax.grpo.step_shardings`), or None for one device.
+    mesh, rules: the layout (default: one device).
+    make_params: `trainer -> params`, the initial params, called only when there is no
+      checkpoint (default: the model's own, placed on their shards).
     on_step: called after every step with `(step, metrics)`.
 
   Returns:
     The final `TrainState`.
   """
-  graphdef, params, rest = split_model(model)
-  optimizer = make_optimizer(cfg.optimizer)
-  step_fn = build_step_fn(graphdef, sft_loss_fn(chunk_size=cfg.logprob_chunk_size), optimizer,
-                          cfg.step)
-  train_step = make_train_step(step_fn, shardings)
-  state = init_train_state(params, optimizer, seed=cfg.seed)
-  frozen = {"rest": rest, "ref_params": None}
-  if shardings is not None:
-    state, frozen = jax.device_put((state, frozen), (shardings.state, shardings.frozen))
-  batches = iter(sft_dataset(examples, batch_size=cfg.batch_size, max_len=cfg.max_len,
-                             seed=cfg.seed, pad_id=cfg.pad_id))
-  with Checkpointer(checkpoint_dir, max_to_keep=cfg.keep_checkpoints) as ckpt:
-    if ckpt.latest_step() is not None:
-      restored = ckpt.restore(state)
-      state = restored.state
-      batches.set_state(restored.data_state)
-    step = int(state.step)
-    while step < cfg.num_steps:
-      batch = next(batches)
-      if shardings is not None:  # every process holds the same batch (multi-host: global arrays)
-        batch = jax.device_put(batch, dict(shardings.batch))
-      state, metrics = train_step(state, batch, frozen)
-      step = int(state.step)
-      if on_step is not None:
-        on_step(step, metrics)
-      if step % cfg.checkpoint_every == 0 or step == cfg.num_steps:
-        ckpt.save(step, state, data_state=batches.get_state())
+  trainer = sft_trainer(model, cfg, mesh, rules)
+  if make_params is None:
+    make_params = lambda t: nnx.state(model, nnx.Param)
+  source = SftBatches(sft_dataset(examples, batch_size=cfg.batch_size, max_len=cfg.max_len,
+                                  seed=cfg.seed, pad_id=cfg.pad_id))
+  state = trainer.fit(checkpoint_dir, cfg.num_steps, source, lambda: make_params(trainer),
+                      on_step)
   nnx.update(model, state.params)
   return state

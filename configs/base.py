@@ -68,6 +68,10 @@ def base_config() -> ml_collections.ConfigDict:
   # below bf16's resolution for weights of order 1e-2 and would round away.
   c.model.dtype = "bfloat16"
   c.model.param_dtype = "float32"
+  # Softmax attention kernel of the trained policy (bat_jax.model.attention.ATTENTION_IMPLS):
+  # None picks automatically and would take cuDNN on any GPU, but cuDNN flash attention with
+  # Qwen3.5's head_dim 256 needs Hopper (sm90) or newer; set "chunked" (or "xla") on older GPUs.
+  c.model.attention_impl = config_dict.placeholder(str)
 
   c.tokenizer = ml_collections.ConfigDict()
   c.tokenizer.source = "pretrained"      # pretrained (read from `path`) | train
@@ -93,6 +97,28 @@ def base_config() -> ml_collections.ConfigDict:
   c.distributed.process_id = config_dict.placeholder(int)
   # JAX's share of GPU memory (XLA_PYTHON_CLIENT_MEM_FRACTION) when SGLang shares the GPUs.
   c.distributed.xla_mem_fraction = config_dict.placeholder(float)
+
+  # The shared trainer (bat_jax.train): dtypes the step uses and what it keeps across rounds.
+  c.trainer = ml_collections.ConfigDict()
+  # dtype the fp32 master params are cast to (on each shard) before the forward, so FSDP
+  # gathers and matmuls move bf16; None: use them as stored.
+  c.trainer.weight_dtype = config_dict.placeholder(str)
+  # dtype of the frozen KL reference copy (its logprobs come from their own pass); None: as stored.
+  c.trainer.reference_dtype = config_dict.placeholder(str)
+  # Round artifacts kept (orbax round checkpoints and candidate exports): the last N rounds;
+  # the promoted policy's export and the SFT policy are always kept.
+  c.trainer.keep_rounds = 2
+
+  # How trainer and rollout server share each accelerator (README "GPU memory layout"; checked by
+  # python -m bat_jax.memory_plan). "fraction": fixed split, JAX gets distributed.xla_mem_fraction.
+  # "timeshare": the rollout server releases its weights and KV pool around every train step
+  # (SGLang /release_memory_occupation, /resume_memory_occupation) and JAX allocates without a
+  # pool (XLA_PYTHON_CLIENT_ALLOCATOR=platform), so between steps it holds only params, moments
+  # and reference; a step may use all but `rollout_reserved_gib`.
+  c.memory = ml_collections.ConfigDict()
+  c.memory.layout = "fraction"
+  c.memory.device_gib = 80.0
+  c.memory.rollout_reserved_gib = 4.0    # timeshare: what a released rollout server still holds
 
   # Cold-start SFT, run once (release: full parameter, bf16, 8 devices x 1 x 4 accumulation).
   c.sft = ml_collections.ConfigDict()
@@ -238,6 +264,27 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+# Token bounds of one trajectory's parts that are not limits of their own (Qwen chat template):
+PROMPT_TOKENS = 4096          # system prompt + tool schema + task brief (Stage Bank prompts)
+TURN_OVERHEAD_TOKENS = 24     # <|im_end|>, user/assistant headers, empty think block per turn
+OBSERVATION_OVERHEAD_TOKENS = 8  # <tool_response> open/close and newlines per observation
+
+
+def trajectory_token_cap(limits: ml_collections.ConfigDict) -> int:
+  """A context cap that holds a trajectory at every limit at once.
+
+  Response tokens are counted by the rollout (`max_response_tokens`); an observation is clipped
+  to `max_observation_chars` characters, and a byte-level BPE never gives more tokens than bytes,
+  so ASCII output is at most one token per character; one observation per tool call
+  (`max_tool_calls`) and one turn overhead per assistant turn. Rounded up to a multiple of 512
+  (the logprob chunk). Longer trajectories end as `context_full`, never truncated.
+  """
+  tokens = (PROMPT_TOKENS + limits.max_response_tokens
+            + limits.max_tool_calls * (limits.max_observation_chars + OBSERVATION_OVERHEAD_TOKENS)
+            + limits.max_assistant_turns * TURN_OVERHEAD_TOKENS)
+  return -(-tokens // 512) * 512
+
+
 def reference_gpu_config(arg: Optional[str], default_ckpt: str) -> ml_collections.ConfigDict:
   """BaT-4B/9B: the reference recipe on a local Qwen3.5 checkpoint, 8 GPUs per host.
 
@@ -256,11 +303,22 @@ def reference_gpu_config(arg: Optional[str], default_ckpt: str) -> ml_collection
   c.distributed.enabled = arg.hosts > 1
   if arg.hosts > 1:
     c.distributed.num_processes = arg.hosts
-  c.distributed.xla_mem_fraction = 0.45
+  c.trainer.weight_dtype = "bfloat16"     # bf16 gathers and matmuls, fp32 master weights
+  c.trainer.reference_dtype = "bfloat16"  # the frozen KL reference
+  c.rollout.limits.max_context_tokens = trajectory_token_cap(c.rollout.limits)
+  c.rollout.jax.max_len = c.rollout.limits.max_context_tokens
+  # One 8x80 GB node, time-shared (README "GPU memory layout"): SGLang releases its weights and
+  # KV pool around every train step; JAX keeps no pool, so between steps it holds only params,
+  # moments and the bf16 reference (14.6 GiB per GPU at 9B), and SGLang's static share (60% of
+  # the GPU, taken at start-up while JAX holds nothing) fits beside them.
+  c.memory.layout = "timeshare"
+  c.memory.device_gib = 80.0
+  c.memory.rollout_reserved_gib = 4.0
+  c.distributed.xla_mem_fraction = None
   c.rollout.engine = "sglang"
   c.rollout.sglang.python = ".venv-sglang/bin/python"
-  # Of the 55% JAX leaves free: weights + KV get 0.85 * 0.55 = 47% of each GPU.
-  c.rollout.sglang.mem_fraction_static = 0.85
+  c.rollout.sglang.release_memory = True  # timeshare: weights + KV pool freed around each train step
+  c.rollout.sglang.mem_fraction_static = 0.6
   c.rollout.sglang.tp_size = 1
   c.rollout.sglang.dp_size = 8
   c.lock()

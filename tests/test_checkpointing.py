@@ -11,7 +11,7 @@ import pytest
 import safetensors
 
 from bat_jax.checkpointing import Checkpointer, export_hf
-from bat_jax.grpo import OptimizerConfig, init_train_state, make_optimizer, split_model
+from bat_jax.train import OptimizerConfig, init_train_state, make_optimizer, split_model
 from bat_jax.model import load_pretrained
 
 sys.path.insert(0, str(Path(__file__).parent / "grpo"))

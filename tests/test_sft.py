@@ -78,7 +78,7 @@ _DRIVER = textwrap.dedent("""
     import numpy as np, jax
     sys.path.insert(0, {fixtures!r})
     from policy_fixtures import sft_examples, tiny_model
-    from bat_jax.grpo import OptimizerConfig
+    from bat_jax.train import OptimizerConfig
     from bat_jax.sft import SftConfig, run_sft
     cfg = SftConfig(num_steps={steps}, batch_size=4, max_len=16, checkpoint_every=2,
                     keep_checkpoints=2, logprob_chunk_size=8,

@@ -1,9 +1,12 @@
 """One GRPO round: Stage Bank batches -> G rollouts per state_id -> rubric rewards -> update.
 
 The round starts from the last promoted policy with a fresh optimizer, keeps the SFT policy
-(`grpo.kl_reference = "sft"`) or the round's start policy (`"round_start"`) as the KL
-reference, and checkpoints (orbax: train state, round-reader position, the round's step
-log and phase times) every `grpo.checkpoint.every` steps. Rollouts are replayable: before step
+(`grpo.kl_reference = "sft"`) or the round's start policy (`"round_start"`) as the KL reference
+(a `trainer.reference_dtype` copy whose logprobs come from their own pass and enter the step as
+`ref_logp`), and checkpoints (orbax: train state, round-reader position, the
+round's step log and phase times) every `grpo.checkpoint.every` steps. The shared
+`bat_jax.train.Trainer` owns the state, the compiled programs and the resume loop; this module
+supplies the loss and the batches (`RoundBatches`). Rollouts are replayable: before step
 k the engine gets the params of step k and a sampler seed derived from (seed, round, k), so a
 run killed mid-round and restarted reproduces the same trajectories and the same params.
 """
@@ -11,7 +14,6 @@ run killed mid-round and restarted reproduces the same trajectories and the same
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 import time
@@ -26,15 +28,13 @@ from flax import nnx
 
 from bat_jax import sharding
 from bat_jax.bicurl import multihost
-from bat_jax.checkpointing import Checkpointer
-from bat_jax.grpo import (GrpoConfig, OptimizerConfig, StepConfig, build_step_fn,
-                          group_advantages, grpo_loss_fn, init_train_state, make_optimizer,
-                          make_train_step, memory_report, split_model, step_shardings,
-                          taken_token_logprobs)
-from bat_jax.rollout import (AgentLoop, RolloutItem, RolloutLimits, SamplingParams, Trajectory,
-                             collate, task_environments)
+from bat_jax.grpo import GrpoConfig, group_advantages, grpo_loss_fn
 from bat_jax.grpo.advantages import valid_group_members
 from bat_jax.grpo.loss import sampler_gap_stats
+from bat_jax.train import (LogprobPassConfig, OptimizerConfig, StepConfig, Trainer,
+                           TrainerConfig, TrainState, split_model)
+from bat_jax.rollout import (AgentLoop, RolloutItem, RolloutLimits, SamplingParams, Trajectory,
+                             collate, task_environments)
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.stagebank.reader import RoundReader
 from bat_jax.stagebank.rounds import derive_seed
@@ -64,7 +64,6 @@ def grpo_config(cfg: ml_collections.ConfigDict) -> GrpoConfig:
                     clip_low=g.clip_low, clip_high=g.clip_high, dual_clip=g.dual_clip,
                     kl_coef=g.kl_coef, kl_estimator=g.kl_estimator, loss_agg=g.loss_agg,
                     tis_cap=g.tis_cap, temperature=cfg.rollout.sampling.temperature,
-                    norm_length=g.loss_norm_length or cfg.rollout.limits.max_response_tokens,
                     logprob_chunk_size=g.logprob_chunk_size)
 
 
@@ -124,16 +123,24 @@ def sampler_gap(old_logp: jax.Array, batch: dict[str, Any]) -> dict[str, float]:
           "sampler_gap_max": float(sums["sampler_gap_max"])}
 
 
-# AOT-compiled train steps, keyed by everything the compiled program depends on.
-_COMPILED_STEPS: dict[tuple, Any] = {}
+def padding_valid(trajectories: list[Trajectory], length: int) -> np.ndarray:
+  """`[B, length]` int32 right-padding mask: 1 on each trajectory's real tokens."""
+  lengths = np.minimum([len(t.token_ids) for t in trajectories], length)
+  return (np.arange(length)[None, :] < lengths[:, None]).astype(np.int32)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _acting_logp(graphdef, chunk_size: int, temperature: float, params, rest, input_ids):
-  """The acting policy's taken-token logprobs at the sampling temperature, `[B, T]`."""
-  model = nnx.merge(graphdef, params, rest)
-  logp, _ = taken_token_logprobs(model, input_ids, chunk_size=chunk_size, temperature=temperature)
-  return logp
+def step_config(section: ml_collections.ConfigDict,
+                trainer: ml_collections.ConfigDict) -> StepConfig:
+  """Micro-batches and remat of the `sft` or `grpo` section; weight dtype of `trainer`."""
+  return StepConfig(section.micro_batches, section.remat, trainer.weight_dtype)
+
+
+def logprob_pass_config(cfg: ml_collections.ConfigDict) -> LogprobPassConfig:
+  """The old-policy / reference pass: the GRPO step's micro-batches, chunk and weight dtype."""
+  return LogprobPassConfig(num_micro_batches=cfg.grpo.micro_batches,
+                           chunk_size=cfg.grpo.logprob_chunk_size,
+                           temperature=cfg.rollout.sampling.temperature,
+                           weight_dtype=cfg.trainer.weight_dtype)
 
 
 @dataclasses.dataclass
@@ -148,6 +155,57 @@ class RoundOutcome:
 StepHook = Callable[[int, dict[str, float]], None]
 
 
+class RoundBatches:
+  """The trainer's batch source for one round: serve the current params, roll out, score, add
+  `valid`, the old-policy and reference logprobs; its step log is the checkpoint's outer item."""
+
+  def __init__(self, grpo: "GrpoRound", reader: RoundReader):
+    self.grpo, self.reader = grpo, reader
+    self.history: list[dict[str, float]] = []
+    self.seconds = {"rollout": 0.0, "update": 0.0}
+    self._stats: dict[str, float] = {}
+    self._t_update = 0.0
+
+  def next_batch(self, trainer: Trainer, state: TrainState) -> Optional[dict[str, Any]]:
+    g = self.grpo
+    rows = next(self.reader)
+    t0 = time.monotonic()
+    g.serve(state.params, int(state.step))
+    items = multihost.split_groups([RolloutItem.from_row(r) for r in rows],  # this process's
+                                   key=lambda item: item.state_id)           # state_ids
+    trajectories = g.agent_loop.run(items, g.cfg.grpo.group_size)
+    g.server.rollouts_done()  # SGLang may free its GPU memory for the train step
+    self._t_update = time.monotonic()
+    self.seconds["rollout"] += self._t_update - t0
+    batch, self._stats = g.prepare(trajectories, state.params)
+    return batch
+
+  def record(self, step: int, metrics: dict[str, Any]) -> dict[str, float]:
+    if metrics:
+      values = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
+      values["no_signal"] = 0.0
+    else:
+      values = {"loss": 0.0, "grad_norm": 0.0, "update_applied": 0.0, "no_signal": 1.0}
+    if not all(math.isfinite(values[k]) for k in ("loss", "grad_norm")):
+      raise FloatingPointError(f"round {self.grpo.round_index} step {step}: non-finite GRPO "
+                               f"update (loss {values['loss']}, grad_norm {values['grad_norm']})")
+    self.seconds["update"] += time.monotonic() - self._t_update
+    skipped_now = float(values.get("update_applied", 1.0) == 0.0 and not values["no_signal"])
+    record = {"step": step, **self._stats, **values, "skipped_now": skipped_now}
+    self.history.append(record)
+    return record
+
+  def get_state(self) -> Any:
+    return self.reader.get_state()
+
+  def outer_state(self) -> dict[str, Any]:
+    return {"round": self.grpo.round_index, "steps": self.history, "seconds": self.seconds}
+
+  def restore(self, data_state: Any, outer_state: dict[str, Any]) -> None:
+    self.reader.set_state(data_state)
+    self.history, self.seconds = outer_state["steps"], outer_state["seconds"]
+
+
 class GrpoRound:
   """Runs the GRPO steps of one round (see the module docstring).
 
@@ -156,7 +214,7 @@ class GrpoRound:
     round_index: the round.
     start_model: the policy the round starts from (updated in place at the end).
     ref_params: the SFT policy's params (the KL reference unless `grpo.kl_reference` is
-      "round_start", which copies `start_model`'s).
+      "round_start", which uses `start_model`'s); unused when `grpo.kl_coef` is 0.
     server: the policy server rollouts are generated with (`bicurl.policy`).
     chat: the policy's chat format.
     checkpoint_dir: this round's orbax directory.
@@ -170,24 +228,13 @@ class GrpoRound:
     self.model = start_model
     self.checkpoint_dir = checkpoint_dir
     self.loss_cfg = grpo_config(cfg)
-    self.graphdef, params, self.rest = split_model(start_model)
-    self.optimizer_cfg = optimizer_config(cfg.grpo, cfg.grpo.steps_per_round)
-    self.step_cfg = StepConfig(cfg.grpo.micro_batches, cfg.grpo.remat)
-    self.optimizer = make_optimizer(self.optimizer_cfg)
-    self.step_fn = build_step_fn(self.graphdef, grpo_loss_fn(self.loss_cfg), self.optimizer,
-                                 self.step_cfg)
-    self.mesh, self.rules = run_mesh(cfg), tuple(cfg.sharding.rules)
-    self.state = init_train_state(params, self.optimizer,
-                                  seed=derive_seed("grpo", cfg.seed, round_index) & 0x7FFFFFFF)
-    if cfg.grpo.kl_reference == "round_start":
-      # A copy: the train state (and so `params`) is donated to the step.
-      ref_params = jax.tree.map(jnp.copy, params)
-    self.frozen = {"rest": self.rest,
-                   "ref_params": ref_params if self.loss_cfg.kl_coef > 0 else None}
-    # On the mesh from the start (multi-host: global arrays), so a restore lands there too.
-    placed = step_shardings(self.state, {}, self.frozen, self.optimizer, self.mesh, self.rules)
-    self.state, self.frozen = multihost.place((self.state, self.frozen),
-                                              (placed.state, placed.frozen))
+    self.trainer = grpo_trainer(cfg, start_model, run_mesh(cfg), round_index)
+    self.ref_params = None
+    if self.loss_cfg.kl_coef > 0:
+      if cfg.grpo.kl_reference == "round_start":
+        ref_params = nnx.state(start_model, nnx.Param)
+      self.ref_params = self.trainer.reference_params(ref_params, cfg.trainer.reference_dtype)
+    self.pass_cfg = logprob_pass_config(cfg)
     self.max_len = cfg.rollout.limits.max_context_tokens or cfg.rollout.jax.max_len
     self.agent_loop = AgentLoop(
         server.engine, chat, task_environments(workspace_root, SandboxLimits(**cfg.sandbox.to_dict()),
@@ -195,40 +242,16 @@ class GrpoRound:
         sampling=SamplingParams(**cfg.rollout.sampling.to_dict()),
         limits=RolloutLimits(**cfg.rollout.limits.to_dict()))
 
-  # -- pieces --------------------------------------------------------------------------------
-
-  def _old_logp(self, params, input_ids):
-    return _acting_logp(self.graphdef, self.loss_cfg.logprob_chunk_size,
-                        self.loss_cfg.temperature, params, self.rest, input_ids)
-
-  def _compiled_step(self, batch: dict[str, np.ndarray]):
-    """The AOT-compiled step for this batch shape; prints XLA's memory analysis once per shape.
-
-    Compiled steps are shared by every round of the process (same model graph, loss, optimizer
-    and mesh), so a round does not recompile what the previous one compiled.
-    """
-    key = (self.graphdef, self.loss_cfg, self.optimizer_cfg, self.step_cfg, self.mesh,
-           self.rules, self.frozen["ref_params"] is None, batch["input_ids"].shape)
-    if key not in _COMPILED_STEPS:
-      shardings = step_shardings(self.state, batch, self.frozen, self.optimizer, self.mesh,
-                                 self.rules)
-      jitted = make_train_step(self.step_fn, shardings)
-      compiled = jitted.lower(self.state, batch, self.frozen).compile()
-      report = memory_report(compiled)
-      log.info("GRPO step %s memory (MiB): %s", batch["input_ids"].shape,
-               {k: round(v / 2**20, 2) for k, v in report.items()})
-      _COMPILED_STEPS[key] = compiled
-    return _COMPILED_STEPS[key]
-
-  def _serve_current(self, step: int) -> None:
-    acting = nnx.merge(self.graphdef, multihost.local_copy(self.state.params), self.rest)
+  def serve(self, params: Any, step: int) -> None:
+    acting = nnx.merge(self.trainer.graphdef, multihost.local_copy(params), self.trainer.rest)
     version = f"round{self.round_index}-step{step}"
     # Multi-host SGLang: process 0 exports to the shared directory before the others load it.
     multihost.primary_first(f"serve {version}", lambda: self.server.load(acting, version))
     self.server.reseed(derive_seed("rollout", self.cfg.seed, self.round_index, step) & 0x7FFFFFFF)
 
-  def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
-    """One GRPO step on one batch of rollouts; returns its metrics.
+  def prepare(self, trajectories: list[Trajectory], params: Any
+              ) -> tuple[Optional[dict[str, Any]], dict[str, float]]:
+    """The step's batch (None without signal) and the rollout statistics of `trajectories`.
 
     The old-logprob pass runs every step, so `sampler_gap` (trainer vs sampler logprobs of the
     same tokens) is logged even when the update itself is skipped for lack of signal.
@@ -236,71 +259,46 @@ class GrpoRound:
     longest = multihost.agree_max(max(len(t.token_ids) for t in trajectories))
     batch, stats = rollout_batch(trajectories, max_len=self.max_len, cfg=self.loss_cfg,
                                  pad_id=self.chat.endoftext_id, longest=longest)
+    batch["valid"] = padding_valid(trajectories, batch["input_ids"].shape[1])
     signal = multihost.agree_any(np.any(batch["advantages"]))
     stats = multihost.combine_stats(stats)
-    shardings = {k: sharding.batch_sharding(self.mesh, v.ndim) for k, v in batch.items()}
-    batch = multihost.global_batch(batch, shardings)
-    skipped_before = int(self.state.skipped)
-    batch["old_logp"] = jax.device_put(
-        self._old_logp(self.state.params, jnp.asarray(batch["input_ids"])),
-        sharding.batch_sharding(self.mesh, 2))
+    batch = multihost.global_batch(batch, self.trainer.batch_shardings(batch))
+    batch["old_logp"] = self.trainer.logprobs(params, batch, self.pass_cfg, "old_logp")
     stats.update(sampler_gap(batch["old_logp"], batch))
-    if signal:
-      self.state, metrics = self._compiled_step(batch)(self.state, batch, self.frozen)
-      metrics = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
-      metrics["no_signal"] = 0.0
-    else:
+    if not signal:
       # Every group's rewards are tied (or dropped), so the policy term is exactly zero; only
       # the KL term would remain, and AdamW would rescale its ~1e-8 gradient into lr-sized
       # steps that drift the policy with no learning signal. The data still moves on.
-      self.state = self.state.replace(step=self.state.step + 1)
-      metrics = {"loss": 0.0, "grad_norm": 0.0, "update_applied": 0.0, "no_signal": 1.0}
-    if not all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")):
-      raise FloatingPointError(f"round {self.round_index} step {int(self.state.step)}: "
-                               f"non-finite GRPO update (loss {metrics['loss']}, grad_norm "
-                               f"{metrics['grad_norm']})")
-    return {**stats, **metrics,
-            "skipped_now": float(int(self.state.skipped) - skipped_before)}
-
-  # -- the round -----------------------------------------------------------------------------
+      return None, stats
+    if self.ref_params is not None:
+      batch["ref_logp"] = self.trainer.logprobs(self.ref_params, batch, self.pass_cfg, "ref_logp")
+    return batch, stats
 
   def run(self, round_dir: Path, on_step: Optional[StepHook] = None) -> RoundOutcome:
     """Trains `grpo.steps_per_round` steps on the round's batches, resuming if checkpointed."""
-    cfg = self.cfg
-    steps = cfg.grpo.steps_per_round
+    steps = self.cfg.grpo.steps_per_round
     probe = RoundReader(round_dir)
-    reader = RoundReader(round_dir, num_epochs=math.ceil(steps / probe.n_batches))
-    history: list[dict[str, float]] = []
-    seconds = {"rollout": 0.0, "update": 0.0}
-    with Checkpointer(self.checkpoint_dir, max_to_keep=cfg.grpo.checkpoint.keep) as ckpt:
-      if ckpt.latest_step() is not None:
-        restored = ckpt.restore(self.state)
-        self.state = restored.state
-        reader.set_state(restored.data_state)
-        history, seconds = restored.outer_state["steps"], restored.outer_state["seconds"]
-        log.info("round %d: resumed at step %d", self.round_index, restored.step)
-      step = int(self.state.step)
-      while step < steps:
-        rows = next(reader)
-        t0 = time.monotonic()
-        self._serve_current(step)
-        items = multihost.split_groups([RolloutItem.from_row(r) for r in rows],  # this process's
-                                       key=lambda item: item.state_id)           # state_ids
-        trajectories = self.agent_loop.run(items, cfg.grpo.group_size)
-        self.server.rollouts_done()  # SGLang may free its GPU memory for the train step
-        t1 = time.monotonic()
-        record = self.update(trajectories)
-        step = int(self.state.step)
-        seconds["rollout"] += t1 - t0
-        seconds["update"] += time.monotonic() - t1
-        record = {"step": step, **record}
-        history.append(record)
-        if on_step is not None:
-          on_step(step, record)
-        if step % cfg.grpo.checkpoint.every == 0 or step == steps:
-          ckpt.save(step, self.state, data_state=reader.get_state(),
-                    outer_state={"round": self.round_index, "steps": history, "seconds": seconds})
-    nnx.update(self.model, multihost.local_copy(self.state.params))
-    healthy = all(r["skipped_now"] == 0 for r in history)
-    return RoundOutcome(params=self.state.params, steps=history, seconds=seconds,
+    source = RoundBatches(self, RoundReader(round_dir,
+                                            num_epochs=math.ceil(steps / probe.n_batches)))
+    state = self.trainer.fit(self.checkpoint_dir, steps, source,
+                             lambda: nnx.state(self.model, nnx.Param), on_step)
+    nnx.update(self.model, state.params)
+    healthy = all(r["skipped_now"] == 0 for r in source.history)
+    return RoundOutcome(params=state.params, steps=source.history, seconds=source.seconds,
                         healthy=healthy)
+
+
+def grpo_trainer(cfg: ml_collections.ConfigDict, model: nnx.Module, mesh: jax.sharding.Mesh,
+                 round_index: int = 0) -> Trainer:
+  """The GRPO `Trainer` of a round (fresh optimizer; compiled programs shared across rounds)."""
+  loss_cfg = grpo_config(cfg)
+  optimizer_cfg = optimizer_config(cfg.grpo, cfg.grpo.steps_per_round)
+  step_cfg = step_config(cfg.grpo, cfg.trainer)
+  trainer_cfg = TrainerConfig(
+      optimizer=optimizer_cfg, step=step_cfg,
+      seed=derive_seed("grpo", cfg.seed, round_index) & 0x7FFFFFFF,
+      checkpoint_every=cfg.grpo.checkpoint.every, keep_checkpoints=cfg.grpo.checkpoint.keep)
+  rules = tuple(cfg.sharding.rules)
+  graphdef = split_model(model)[0]
+  return Trainer.for_model(model, grpo_loss_fn(loss_cfg), trainer_cfg, mesh, rules,
+                           cache_key=(graphdef, loss_cfg, optimizer_cfg, step_cfg, mesh, rules))

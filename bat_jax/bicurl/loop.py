@@ -18,10 +18,9 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import tqdm
@@ -31,16 +30,17 @@ from tensorboardX import SummaryWriter
 from bat_jax import curriculum, gate
 from bat_jax.bicurl import bank as bank_lib
 from bat_jax.bicurl import multihost, setup
-from bat_jax.bicurl.grpo_round import (GrpoRound, bucket_length, optimizer_config, run_mesh)
+from bat_jax.bicurl.grpo_round import (GrpoRound, bucket_length, optimizer_config, run_mesh,
+                                       step_config)
 from bat_jax.bicurl.policy import PolicyServer, evaluate_policy, make_policy_server
 from bat_jax.bicurl.report import build_report, headline, write_report
 from bat_jax.bicurl.state import OuterState, RoundRecord, RunPaths, round_policy_name
 from bat_jax.checkpointing import export_hf
 from bat_jax.config_validation import validate_config
-from bat_jax.grpo import (StepConfig, build_step_fn, init_train_state, make_optimizer,
-                          make_train_step, memory_report, split_model, step_shardings)
-from bat_jax.grpo.train_step import StepShardings
+from bat_jax.model import ModelConfig, build_model, load_pretrained
+from bat_jax.model.decoder import with_attention_impl
 from bat_jax.sft import SftConfig, pad_example, run_sft, sft_loss_fn
+from bat_jax.train import Trainer, split_model
 from bat_jax.stagebank.rounds import RoundWeights
 from bat_jax.io_utils import atomic_write_json
 from bat_jax.sandbox import safe_fs
@@ -87,24 +87,26 @@ class _Tracker:
       self.writer.close()
 
 
-def _sft_shardings(cfg: ml_collections.ConfigDict, model: nnx.Module,
-                   max_len: int) -> StepShardings:
-  """The SFT step's shardings; also AOT-compiles the step and logs XLA's memory analysis
-  before training starts (MaxText style)."""
-  graphdef, params, rest = split_model(model)
-  optimizer = make_optimizer(optimizer_config(cfg.sft, cfg.sft.steps))
-  step_fn = build_step_fn(graphdef, sft_loss_fn(chunk_size=cfg.grpo.logprob_chunk_size),
-                          optimizer, StepConfig(cfg.sft.micro_batches, cfg.sft.remat))
-  state = jax.eval_shape(lambda p: init_train_state(p, optimizer, seed=0), params)
-  batch = {k: jax.ShapeDtypeStruct((cfg.sft.global_batch_size, max_len), jnp.int32)
-           for k in ("input_ids", "loss_mask")}
-  frozen = {"rest": rest, "ref_params": None}
-  shardings = step_shardings(state, batch, frozen, optimizer, run_mesh(cfg),
-                             tuple(cfg.sharding.rules))
-  compiled = make_train_step(step_fn, shardings).lower(state, batch, frozen).compile()
-  log.info("SFT step [%d, %d] memory (MiB): %s", cfg.sft.global_batch_size, max_len,
-           {k: round(v / 2**20, 2) for k, v in memory_report(compiled).items()})
-  return shardings
+def _initial_policy(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh
+                    ) -> tuple[nnx.Module, Callable[[Trainer], Any]]:
+  """`(abstract model, make_params)`: the policy before SFT as shapes only, and how its params
+  are created straight onto their shards when there is no checkpoint to resume (a seeded jitted
+  init for `scratch`, else the local checkpoint read tensor by tensor onto its shards)."""
+  dtype, param_dtype = setup.model_dtypes(cfg)
+  rules = tuple(cfg.sharding.rules)
+  if cfg.model.source == "scratch":
+    model_cfg = ModelConfig.from_hf_dict(cfg.model.hf_config.to_dict(), dtype=dtype,
+                                         param_dtype=param_dtype,
+                                         ).replace(attention_impl=cfg.model.attention_impl)
+    build = lambda: build_model(model_cfg, rngs=nnx.Rngs(cfg.seed))
+    return nnx.eval_shape(build), lambda trainer: trainer.init_params(build)
+  model_cfg = ModelConfig.from_pretrained_dir(cfg.model.path, dtype=dtype, param_dtype=param_dtype
+                                              ).replace(attention_impl=cfg.model.attention_impl)
+  abstract = nnx.eval_shape(lambda: build_model(model_cfg, rngs=nnx.Rngs(0)))
+  load = lambda trainer: nnx.state(load_pretrained(cfg.model.path, dtype=dtype,
+                                                   param_dtype=param_dtype, mesh=mesh,
+                                                   rules=rules), nnx.Param)
+  return abstract, load
 
 
 def _cold_start(cfg: ml_collections.ConfigDict, paths: RunPaths, chat: Any,
@@ -115,14 +117,14 @@ def _cold_start(cfg: ml_collections.ConfigDict, paths: RunPaths, chat: Any,
       "sft_rows", lambda: setup.prepare_sft_rows(cfg, paths.sft_rows, paths.markers))
   train, validation = setup.sft_examples(cfg, rows_dir, chat)
   max_len = bucket_length(max(setup.example_lengths(train)), cfg.sft.max_seq_len)
-  model = setup.initial_model(cfg)
-  shardings = _sft_shardings(cfg, model, max_len)
+  mesh = run_mesh(cfg)
+  model, make_params = _initial_policy(cfg, mesh)
   sft_cfg = SftConfig(
       num_steps=cfg.sft.steps, batch_size=cfg.sft.global_batch_size, max_len=max_len,
       seed=cfg.seed, checkpoint_every=cfg.sft.checkpoint.every,
       keep_checkpoints=cfg.sft.checkpoint.keep, logprob_chunk_size=cfg.grpo.logprob_chunk_size,
       pad_id=chat.endoftext_id, optimizer=optimizer_config(cfg.sft, cfg.sft.steps),
-      step=StepConfig(cfg.sft.micro_batches, cfg.sft.remat))
+      step=step_config(cfg.sft, cfg.trainer))
   log.info("SFT: %d train / %d validation examples, padded to %d tokens", len(train),
            len(validation), max_len)
   bar = tracker.bar(cfg.sft.steps, "cold-start SFT")
@@ -135,7 +137,8 @@ def _cold_start(cfg: ml_collections.ConfigDict, paths: RunPaths, chat: Any,
     bar.n = step
     bar.set_postfix(loss=f"{values['loss']:.3f}")
 
-  run_sft(model, train, sft_cfg, paths.sft_checkpoints, shardings=shardings, on_step=on_step)
+  run_sft(model, train, sft_cfg, paths.sft_checkpoints, mesh=mesh,
+          rules=tuple(cfg.sharding.rules), make_params=make_params, on_step=on_step)
   nnx.update(model, multihost.local_copy(nnx.state(model, nnx.Param)))
   bar.close()
   nll = _validation_nll(model, validation, max_len=max_len, pad_id=chat.endoftext_id,
@@ -195,6 +198,20 @@ def _evaluate(cfg: ml_collections.ConfigDict, state: OuterState, paths: RunPaths
   log.info("evaluation %s: overall %s, stages %s", name, report["overall"],
            report["stage_scores"])
   return report
+
+
+def prune_rounds(paths: RunPaths, state: OuterState, keep: int) -> list[int]:
+  """Deletes the artifacts of finished rounds older than the last `keep`: their orbax checkpoints
+  (~12 bytes per param each) and their candidate exports, except the promoted policy's (the next
+  round's start and the gate's baseline). Runs after `state.save`, so a crash in between only
+  leaves extra files. Returns the pruned rounds."""
+  finished = [r.round for r in state.rounds]
+  pruned = finished[:-keep] if keep > 0 else finished
+  for r in pruned:
+    shutil.rmtree(paths.round_checkpoints(r), ignore_errors=True)
+    if round_policy_name(r) != state.baseline:
+      shutil.rmtree(paths.policy(round_policy_name(r)), ignore_errors=True)
+  return pruned
 
 
 def _check_same_config(cfg: ml_collections.ConfigDict, path: Path) -> None:
@@ -291,7 +308,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
 
       # ---------------------------------------------------------------- GRPO
       start_name = state.baseline
-      model = setup.load_policy(cfg, paths.policy(start_name))
+      model = with_attention_impl(setup.load_policy(cfg, paths.policy(start_name)),
+                                  cfg.model.attention_impl)
       workspaces = paths.workdir / "rollouts" / round_policy_name(r)
       grpo = GrpoRound(cfg, r, model, ref_params, server, chat, paths.round_checkpoints(r),
                        workspaces)
@@ -329,6 +347,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
       if decision.passed:  # a held candidate is never the next start: the baseline stays
         state.baseline, baseline_report = name, candidate_report
       _save(state, paths)
+      if multihost.is_primary():
+        prune_rounds(paths, state, cfg.trainer.keep_rounds)
       _report(state, paths)
       log.info("round %d: target %s, gate %s%s", r, state.rounds[-1].target,
                "pass" if decision.passed else "hold",

@@ -83,8 +83,8 @@ def shift_to_positions(values: Array) -> Array:
 
 
 def taken_token_logprobs(model, input_ids: Array, *, positions: Optional[Array] = None,
-                         chunk_size: int = 512, temperature: float = 1.0,
-                         with_entropy: bool = False,
+                         valid: Optional[Array] = None, chunk_size: int = 512,
+                         temperature: float = 1.0, with_entropy: bool = False,
                          remat_policy: Optional[Callable[..., bool]] = None
                          ) -> tuple[Array, Optional[Array]]:
   """Per-position logprob of each token given its prefix, through `model.hidden_states`.
@@ -94,6 +94,8 @@ def taken_token_logprobs(model, input_ids: Array, *, positions: Optional[Array] 
       `unembed_kernel()` -> `[D, V]`.
     input_ids: `[B, T]` int32 tokens (prompt + response, right padded).
     positions: optional `[B, T]` positions.
+    valid: optional `[B, T]` right-padding mask (1 = real token); pad positions never reach
+      real ones.
     chunk_size, temperature, with_entropy: see `chunked_logprobs`.
     remat_policy: per-layer rematerialisation policy for the model's forward (training).
 
@@ -103,9 +105,10 @@ def taken_token_logprobs(model, input_ids: Array, *, positions: Optional[Array] 
     column 0 (no prefix) is 0, so the loss mask must be 0 there.
   """
   if remat_policy is None:
-    hidden = model.hidden_states(input_ids, positions=positions)
+    hidden = model.hidden_states(input_ids, positions=positions, valid=valid)
   else:
-    hidden = model.hidden_states(input_ids, positions=positions, remat_policy=remat_policy)
+    hidden = model.hidden_states(input_ids, positions=positions, valid=valid,
+                                 remat_policy=remat_policy)
   logp, ent = chunked_logprobs(hidden[:, :-1], model.unembed_kernel(), input_ids[:, 1:],
                                chunk_size=chunk_size, temperature=temperature,
                                with_entropy=with_entropy)

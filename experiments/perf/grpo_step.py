@@ -1,6 +1,6 @@
 """One GRPO update (forward, backward, AdamW) in tokens/s: bat_jax vs transformers + torch.
 
-`--mode compare` (default, CPU): the bat_jax step (`bat_jax.grpo`: chunked taken-token logprobs,
+`--mode compare` (default, CPU): the bat_jax step (`bat_jax.train` with `bat_jax.grpo`'s loss: chunked taken-token logprobs,
 clipped loss + k3 KL, seq-mean-token-mean, global-norm clipping, AdamW) and the same update in
 PyTorch (a transformers model with the same weights, full-logits log-softmax, the same loss
 written in torch, `clip_grad_norm_` + `torch.optim.AdamW`) on the same tiny config and batch.
@@ -62,21 +62,21 @@ def _jax_step(hf_dict: dict, args, out_dir: str):
   import jax
   from flax import nnx
 
-  from bat_jax import grpo
+  from bat_jax import grpo, train
   from bat_jax.model import ModelConfig, build_model, save_pretrained
 
   model = build_model(ModelConfig.from_hf_dict(hf_dict), rngs=nnx.Rngs(0))
   save_pretrained(model, out_dir)  # the torch side loads these exact weights
-  graphdef, params, rest = grpo.split_model(model)
-  optimizer = grpo.make_optimizer(grpo.OptimizerConfig(learning_rate=LR, max_grad_norm=1.0))
+  graphdef, params, rest = train.split_model(model)
+  optimizer = train.make_optimizer(train.OptimizerConfig(learning_rate=LR, max_grad_norm=1.0))
   loss_cfg = grpo.GrpoConfig(clip_low=CLIP, clip_high=CLIP, kl_coef=KL_COEF,
                              temperature=TEMPERATURE, logprob_chunk_size=args.chunk)
-  step_fn = grpo.build_step_fn(graphdef, grpo.grpo_loss_fn(loss_cfg), optimizer,
-                               grpo.StepConfig(num_micro_batches=args.micro))
+  step_fn = train.build_step_fn(graphdef, grpo.grpo_loss_fn(loss_cfg), optimizer,
+                               train.StepConfig(num_micro_batches=args.micro))
   batch = jax.device_put(grpo_batch(args.batch, args.seq, hf_dict["vocab_size"]))
   frozen = {"rest": rest, "ref_params": None}
-  state = grpo.init_train_state(params, optimizer, seed=0)
-  compiled = grpo.compile_step(grpo.make_train_step(step_fn), state, batch, frozen)
+  state = train.init_train_state(params, optimizer, seed=0)
+  compiled = train.compile_step(train.make_train_step(step_fn), state, batch, frozen)
   holder = {"state": state}
 
   def step():
@@ -93,7 +93,7 @@ def run_jax(hf_dict: dict, args, out_dir: str, conn) -> None:
   rss_before = _rss_mb()
   first_loss = float(step()["loss"])
   conn.send({"loss": first_loss, "rss_before_mb": rss_before, "xla_mb": {
-      k: v / 2**20 for k, v in grpo.memory_report(compiled).items()}})
+      k: v / 2**20 for k, v in train.memory_report(compiled).items()}})
   _serve_timings(step, args.iters, conn)
 
 
@@ -225,13 +225,13 @@ def mfu(args) -> None:
   import jax.numpy as jnp
   from flax import nnx
 
-  from bat_jax import grpo
+  from bat_jax import grpo, train
   from bat_jax.model import ModelConfig, build_model
 
   hf_dict = qwen3_5_preset(args.preset)
   cfg = ModelConfig.from_hf_dict(hf_dict, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
   model = build_model(cfg, rngs=nnx.Rngs(0))
-  graphdef, params, rest = grpo.split_model(model)
+  graphdef, params, rest = train.split_model(model)
   n_params = sum(x.size for x in jax.tree.leaves(params))
   # Matmul params per token: an untied input embedding is a gather (no FLOPs); a tied one is
   # also the unembedding matmul.
@@ -239,15 +239,15 @@ def mfu(args) -> None:
   n_attn = sum(t == "full_attention" for t in cfg.layer_types)
   attn_flops = 6 * n_attn * cfg.num_attention_heads * cfg.head_dim * args.seq  # causal ~ T/2
   flops_per_token = 6 * n_matmul + attn_flops
-  optimizer = grpo.make_optimizer(grpo.OptimizerConfig(learning_rate=LR))
-  step_fn = grpo.build_step_fn(
+  optimizer = train.make_optimizer(train.OptimizerConfig(learning_rate=LR))
+  step_fn = train.build_step_fn(
       graphdef, grpo.grpo_loss_fn(grpo.GrpoConfig(kl_coef=KL_COEF, logprob_chunk_size=args.chunk,
                                                   temperature=TEMPERATURE)),
-      optimizer, grpo.StepConfig(num_micro_batches=args.micro, remat_policy=args.remat))
+      optimizer, train.StepConfig(num_micro_batches=args.micro, remat_policy=args.remat))
   batch = jax.device_put(grpo_batch(args.batch, args.seq, cfg.vocab_size))
   frozen = {"rest": rest, "ref_params": None}
-  state = grpo.init_train_state(params, optimizer, seed=0)
-  compiled = grpo.compile_step(grpo.make_train_step(step_fn), state, batch, frozen)
+  state = train.init_train_state(params, optimizer, seed=0)
+  compiled = train.compile_step(train.make_train_step(step_fn), state, batch, frozen)
   holder = {"state": state}
 
   def step():
@@ -261,7 +261,7 @@ def mfu(args) -> None:
   print(f"preset={args.preset} params={n_params / 1e9:.2f}B batch={args.batch} seq={args.seq} "
         f"micro={args.micro} remat={args.remat} device={jax.devices()[0].device_kind}")
   print("XLA memory (GB): " + ", ".join(f"{k.replace('_size_in_bytes', '')}={v / 2**30:.2f}"
-                                          for k, v in grpo.memory_report(compiled).items()))
+                                          for k, v in train.memory_report(compiled).items()))
   if "peak_bytes_in_use" in stats:
     print(f"device peak bytes in use: {stats['peak_bytes_in_use'] / 2**30:.2f} GB")
   print(f"step {seconds:.3f} s  {tokens / seconds:.0f} tokens/s  {achieved / 1e12:.1f} TFLOP/s")

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bat_jax.bicurl import setup
-from bat_jax.grpo import (OptimizerConfig, StepConfig, build_step_fn, init_train_state,
-                          make_optimizer, make_train_step, split_model)
+from bat_jax.train import (OptimizerConfig, StepConfig, build_step_fn, init_train_state,
+                           make_optimizer, make_train_step, split_model)
 from bat_jax.sft import sft_loss_fn
 from configs import tiny
 

@@ -56,7 +56,10 @@ def test_tis_cap_runs_a_grpo_step_and_logs_the_sampler_gap(tmp_path, chat):
   grpo = GrpoRound(cfg, 0, model, ref, types.SimpleNamespace(engine=None), chat,
                    tmp_path / "ckpt", tmp_path / "ws")
   before = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
-  record = grpo.update(trajs)
+  state = grpo.trainer.init_state(grpo.trainer.place(nnx.state(model, nnx.Param)))
+  batch, stats = grpo.prepare(trajs, state.params)
+  state, metrics = grpo.trainer.step(state, batch)
+  record = {**stats, **{k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}}
 
   mask = np.zeros((4, 24))
   mask[:, 2:] = 1
@@ -65,9 +68,9 @@ def test_tis_cap_runs_a_grpo_step_and_logs_the_sampler_gap(tmp_path, chat):
   want_w = np.minimum(np.exp(-offset), 2.0)[mask > 0]
   assert record["tis_weight"] == pytest.approx(want_w.mean(), rel=1e-4)
   assert 0 < record["tis_capped_frac"] < 1
-  assert record["update_applied"] == 1 and record["no_signal"] == 0
+  assert record["update_applied"] == 1
   assert np.isfinite(record["loss"]) and record["grad_norm"] > 0
-  after = jax.tree.map(np.asarray, grpo.state.params)
+  after = jax.tree.map(np.asarray, state.params)
   assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before),
                                                       jax.tree.leaves(after)))
 
@@ -78,9 +81,9 @@ def test_round_start_kl_reference_is_a_copy_of_the_start_policy(tmp_path, chat):
   sft = jax.tree.map(jnp.zeros_like, nnx.state(model, nnx.Param))
   grpo = GrpoRound(cfg, 0, model, sft, types.SimpleNamespace(engine=None), chat,
                    tmp_path / "ckpt", tmp_path / "ws")
-  ref, start = grpo.frozen["ref_params"], nnx.state(model, nnx.Param)
+  ref, start = grpo.ref_params, nnx.state(model, nnx.Param)
   for r, s in zip(jax.tree.leaves(ref), jax.tree.leaves(start)):
-    np.testing.assert_array_equal(np.asarray(r), np.asarray(s))
+    np.testing.assert_array_equal(np.asarray(r), np.asarray(s).astype(np.asarray(r).dtype))
   sft_grpo = GrpoRound(fast_config(), 0, model, sft, types.SimpleNamespace(engine=None), chat,
                        tmp_path / "ckpt2", tmp_path / "ws2")
-  assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(sft_grpo.frozen["ref_params"]))
+  assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(sft_grpo.ref_params))

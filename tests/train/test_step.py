@@ -10,11 +10,11 @@ import pytest
 from flax import nnx
 
 from bat_jax import sharding
-from bat_jax.grpo import (GrpoConfig, OptimizerConfig, StepConfig, build_step_fn, compile_step,
-                          grpo_loss_fn, init_train_state, make_optimizer, make_train_step,
-                          memory_report, split_model, step_shardings, taken_token_logprobs)
-from bat_jax.grpo.train_step import make_schedule
+from bat_jax.grpo import GrpoConfig, grpo_loss_fn, taken_token_logprobs
 from bat_jax.model import CausalLM
+from bat_jax.train import (OptimizerConfig, StepConfig, build_step_fn, compile_step,
+                           init_train_state, make_optimizer, make_schedule, make_train_step,
+                           memory_report, split_model, step_shardings)
 from policy_fixtures import grpo_batch, tiny_model
 
 # eps=1 keeps Adam's first update ~linear in the gradient (eps=1e-8 makes it ~sign(g)), so

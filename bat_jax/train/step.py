@@ -1,4 +1,4 @@
-"""One jitted, sharded optimisation step shared by GRPO and SFT.
+"""One jitted, sharded optimisation step shared by SFT and GRPO (MaxText's `train_step`).
 
 The step is `(state, batch, frozen) -> (state, metrics)`:
 
@@ -153,12 +153,18 @@ class StepConfig:
     remat_policy: key of `REMAT_POLICIES`; each decoder layer of the policy forward is
       rematerialised with it (`model.hidden_states(..., remat_policy=...)`), so between a
       layer's forward and backward only what the policy saves stays live.
+    weight_dtype: dtype the floating params are cast to before the forward (None: used as
+      stored). The cast happens on each device's shard, so FSDP all-gathers move bf16 while
+      the optimizer keeps fp32 master weights; gradients come back in the stored dtype.
   """
   num_micro_batches: int = 1
   remat_policy: str = "none"
+  weight_dtype: Optional[str] = None
 
   def __post_init__(self):
     check_mode("remat_policy", self.remat_policy, REMAT_POLICIES)
+    if self.weight_dtype is not None:
+      jnp.dtype(self.weight_dtype)  # raises TypeError naming an unknown dtype
     if self.num_micro_batches < 1:
       raise ValueError(f"num_micro_batches must be >= 1, got {self.num_micro_batches}")
 
@@ -183,6 +189,19 @@ def split_micro_batches(batch: Batch, num_micro_batches: int) -> dict[str, Array
           for k, v in batch.items()}
 
 
+def merge_micro_batches(x: Array) -> Array:
+  """Inverse of `split_micro_batches` for one array: `[M, B/M, ...]` -> `[B, ...]`."""
+  return x.swapaxes(0, 1).reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def cast_floating(tree: Any, dtype: Optional[str]) -> Any:
+  """Floating leaves of `tree` cast to `dtype` (no-op for None); ints and keys untouched."""
+  if dtype is None:
+    return tree
+  return jax.tree.map(
+      lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
 def _all_finite(tree) -> Array:
   leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
   return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
@@ -200,7 +219,7 @@ def build_step_fn(graphdef: nnx.GraphDef, loss_fn: LossFn, optimizer: optax.Grad
   policy = REMAT_POLICIES[cfg.remat_policy]
 
   def objective(params, micro, frozen):
-    model = nnx.merge(graphdef, params, frozen["rest"])
+    model = nnx.merge(graphdef, cast_floating(params, cfg.weight_dtype), frozen["rest"])
     ref_model = None
     if frozen["ref_params"] is not None:
       ref_model = nnx.merge(graphdef, frozen["ref_params"], frozen["rest"])

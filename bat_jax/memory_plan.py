@@ -1,0 +1,290 @@
+r"""Per-device memory plan of a config: `python -m bat_jax.memory_plan --config=configs/bat9b.py`.
+
+AOT-compiles the real programs of a run (the SFT step, the old-policy logprob pass, the reference
+logprob pass and the GRPO step, through the same `bat_jax.train.Trainer` code a run uses) at the
+config's full shapes (full width and depth, the real global batch, the longest sequence the config
+allows) on fake CPU devices shaped like the config's mesh, with abstract params (nothing is
+allocated). From the compiled programs' memory analysis and the state's shardings it prints, per
+device: params, optimizer state, reference, gradients, each program's temp and peak, the budget the
+layout (`memory.layout`, see `layout_budget`) leaves to JAX after the co-located rollout server's
+share, the rollout server's own need in its share, and `fits`. Exits 1 when something does not
+fit. `--json=PATH` writes the same numbers.
+
+Model shapes come from `model.path/config.json` when it exists, else from the published Qwen3.5
+text configs below (keyed by the checkpoint directory's name), else `model.hf_config` (scratch).
+The CPU compile is the plan's basis; GPU fusion differs, so keep headroom (see README).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from bat_jax.config_validation import MEMORY_LAYOUTS
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "run config file (configs/*.py[:arg])",
+                                          lock_config=True)
+_JSON = flags.DEFINE_string("json", None, "write the plan as JSON here")
+_LAYERS = flags.DEFINE_integer("num_layers", None, "plan a shallower model (measurements only)")
+flags.mark_flags_as_required(["config"])
+
+GIB = 2**30
+# Published Qwen3.5 text configs (HF config.json `text_config`), used when the checkpoint itself
+# is not on this machine. Every 4th layer is full attention (HF's full_attention_interval).
+PUBLISHED_TEXT_CONFIGS: dict[str, dict[str, Any]] = {
+    "Qwen3.5-9B": dict(model_type="qwen3_5_text", vocab_size=248320, hidden_size=4096,
+                       intermediate_size=12288, num_hidden_layers=32, num_attention_heads=16,
+                       num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+                       linear_num_value_heads=32, linear_key_head_dim=128,
+                       linear_value_head_dim=128, partial_rotary_factor=0.25, rope_theta=1e7,
+                       tie_word_embeddings=False, max_position_embeddings=262144),
+    "Qwen3.5-4B": dict(model_type="qwen3_5_text", vocab_size=248320, hidden_size=2560,
+                       intermediate_size=9216, num_hidden_layers=32, num_attention_heads=16,
+                       num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+                       linear_num_value_heads=32, linear_key_head_dim=128,
+                       linear_value_head_dim=128, partial_rotary_factor=0.25, rope_theta=1e7,
+                       tie_word_embeddings=True, max_position_embeddings=262144),
+}
+
+
+def plan_devices(cfg) -> int:
+  """Devices of one host's mesh (`data=-1` plans one host: data 1)."""
+  sizes = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor]
+  return math.prod(s if s > 0 else 1 for s in sizes)
+
+
+def _fake_devices(n: int) -> None:
+  """Fake CPU devices; must run before jax initialises a backend."""
+  flag = f"--xla_force_host_platform_device_count={n}"
+  kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
+          if not f.startswith("--xla_force_host_platform_device_count")]
+  os.environ["XLA_FLAGS"] = " ".join(kept + [flag])
+  os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def model_config(cfg, num_layers: Optional[int] = None):
+  """The policy's `ModelConfig` (see the module docstring for where shapes come from)."""
+  from bat_jax.model import ModelConfig
+  dtype, param_dtype = cfg.model.dtype, cfg.model.param_dtype
+  if cfg.model.source == "scratch":
+    hf = cfg.model.hf_config.to_dict()
+  elif cfg.model.path and (Path(cfg.model.path) / "config.json").is_file():
+    hf = json.loads((Path(cfg.model.path) / "config.json").read_text())
+  elif cfg.model.path and Path(cfg.model.path).name in PUBLISHED_TEXT_CONFIGS:
+    hf = PUBLISHED_TEXT_CONFIGS[Path(cfg.model.path).name]
+  else:
+    raise FileNotFoundError(f"config.model.path={cfg.model.path!r} has no config.json and is not "
+                            f"one of the published shapes {sorted(PUBLISHED_TEXT_CONFIGS)}")
+  model_cfg = ModelConfig.from_hf_dict(hf, dtype=dtype, param_dtype=param_dtype)
+  # Fake CPU devices: the GPU-only kernels are not compiled here.
+  model_cfg = model_cfg.replace(attention_impl="chunked")
+  if num_layers is not None:
+    model_cfg = model_cfg.replace(num_hidden_layers=num_layers,
+                                  layer_types=model_cfg.layer_types[:num_layers])
+  return model_cfg
+
+
+def trajectory_len(cfg) -> int:
+  """The longest GRPO sequence the config allows (the rollout's context cap)."""
+  return cfg.rollout.limits.max_context_tokens or cfg.rollout.jax.max_len
+
+
+def shard_bytes(tree: Any, shardings: Any) -> int:
+  """Bytes of `tree` (ShapeDtypeStructs) on one device under `shardings` (the largest shard)."""
+  import jax
+  import numpy as np
+  total = 0
+  for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)):
+    total += int(np.prod(s.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize
+  return total
+
+
+def _phase(report: dict[str, int], resident_extra: int, donated: bool) -> dict[str, int]:
+  """Peak of one program: its arguments and outputs (donated state counted once), its temp,
+  and what stays resident without being an argument."""
+  io = report["argument_size_in_bytes"] + report["output_size_in_bytes"]
+  if donated:
+    io -= report["alias_size_in_bytes"]
+  return {"temp": report["temp_size_in_bytes"], "io": io,
+          "peak": io + report["temp_size_in_bytes"] + resident_extra}
+
+
+def _batch(shapes: dict[str, tuple[tuple[int, ...], str]]) -> dict[str, Any]:
+  import jax
+  return {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in shapes.items()}
+
+
+def plan(cfg, num_layers: Optional[int] = None) -> dict[str, Any]:
+  """Compiles the run's programs abstractly and returns the per-device plan (bytes)."""
+  import jax
+  from flax import nnx
+  from bat_jax.bicurl.grpo_round import (grpo_config, grpo_trainer, logprob_pass_config,
+                                         optimizer_config, run_mesh, step_config)
+  from bat_jax.model import build_model
+  from bat_jax.sft import sft_loss_fn
+  from bat_jax.train import Trainer, TrainerConfig, cast_floating
+
+  mesh = run_mesh(cfg)
+  rules = tuple(cfg.sharding.rules)
+  model_cfg = model_config(cfg, num_layers)
+  abstract = nnx.eval_shape(lambda: build_model(model_cfg, rngs=nnx.Rngs(0)))
+  b_sft, t_sft = cfg.sft.global_batch_size, cfg.sft.max_seq_len
+  b_rl, t_rl = cfg.grpo.prompt_groups * cfg.grpo.group_size, trajectory_len(cfg)
+  seconds: dict[str, float] = {}
+
+  def timed(name, fn):
+    t0 = time.monotonic()
+    out = fn()
+    seconds[name] = round(time.monotonic() - t0, 1)
+    return out
+
+  sft = Trainer.for_model(abstract, sft_loss_fn(chunk_size=cfg.grpo.logprob_chunk_size),
+                          TrainerConfig(optimizer_config(cfg.sft, cfg.sft.steps),
+                                        step_config(cfg.sft, cfg.trainer)), mesh, rules)
+  sft_batch = _batch({k: ((b_sft, t_sft), "int32") for k in ("input_ids", "loss_mask", "valid")})
+  timed("sft_step", lambda: sft.compiled_step(sft_batch))
+
+  grpo = grpo_trainer(cfg, abstract, mesh)
+  pass_cfg = logprob_pass_config(cfg)
+  kl = grpo_config(cfg).kl_coef > 0
+  inputs = _batch({"input_ids": ((b_rl, t_rl), "int32"), "valid": ((b_rl, t_rl), "int32")})
+  params = grpo.abstract_state.params
+  ref = jax.eval_shape(lambda p: cast_floating(p, cfg.trainer.reference_dtype), params)
+  timed("old_logp_pass", lambda: grpo.compiled_logprobs(params, inputs, pass_cfg, "old_logp"))
+  if kl:
+    timed("ref_logp_pass", lambda: grpo.compiled_logprobs(ref, inputs, pass_cfg, "ref_logp"))
+  rl_batch = _batch({"input_ids": ((b_rl, t_rl), "int32"), "valid": ((b_rl, t_rl), "int32"),
+                     "loss_mask": ((b_rl, t_rl), "float32"), "advantages": ((b_rl,), "float32"),
+                     "old_logp": ((b_rl, t_rl), "float32"),
+                     **({"ref_logp": ((b_rl, t_rl), "float32")} if kl else {})})
+  timed("grpo_step", lambda: grpo.compiled_step(rl_batch))
+
+  state, shardings = grpo.abstract_state, grpo.state_shardings
+  params_b = shard_bytes(state.params, shardings.params)
+  opt_b = shard_bytes(state.opt_state, shardings.opt_state)
+  ref_b = shard_bytes(ref, shardings.params) if kl else 0
+  grads_b = shard_bytes(jax.eval_shape(lambda p: cast_floating(p, "float32"), state.params),
+                        shardings.params)
+  mem = {**sft.memory, **grpo.memory}
+  name = lambda prefix, shape: f"{prefix}{shape}"
+  phases = {
+      "sft_step": _phase(mem[name("step", (b_sft, t_sft))], 0, donated=True),
+      "old_logp_pass": _phase(mem[name("old_logp", (b_rl, t_rl))], opt_b + ref_b, donated=False),
+      "grpo_step": _phase(mem[name("step", (b_rl, t_rl))], ref_b, donated=True),
+  }
+  if kl:
+    phases["ref_logp_pass"] = _phase(mem[name("ref_logp", (b_rl, t_rl))], params_b + opt_b,
+                                     donated=False)
+  peak = max(p["peak"] for p in phases.values())
+  budget = layout_budget(cfg, resident=params_b + opt_b + ref_b, context=t_rl, model_cfg=model_cfg)
+  return {
+      "config": {"model_layers": model_cfg.num_hidden_layers, "hidden": model_cfg.hidden_size,
+                 "mesh": dict(mesh.shape), "sft_batch": [b_sft, t_sft],
+                 "grpo_batch": [b_rl, t_rl], "micro_batches": [cfg.sft.micro_batches,
+                                                               cfg.grpo.micro_batches],
+                 "weight_dtype": cfg.trainer.weight_dtype,
+                 "reference_dtype": cfg.trainer.reference_dtype, "layout": cfg.memory.layout},
+      "per_device": {"params": params_b, "optimizer": opt_b, "reference": ref_b,
+                     "gradients": grads_b, "phases": phases, "peak": peak},
+      "budget": budget,
+      "fits": bool(peak <= budget["jax"] and budget["rollout_fits"]),
+      "compile_seconds": seconds,
+  }
+
+
+def layout_budget(cfg, *, resident: int, context: int, model_cfg) -> dict[str, Any]:
+  """JAX's budget per device and the rollout server's share under `memory.layout`.
+
+  fraction: JAX gets `xla_mem_fraction` of the device, SGLang the rest.
+  timeshare: SGLang releases its memory around each train step, keeping `rollout_reserved_gib`,
+  so a step may use the rest; during rollouts SGLang's `mem_fraction_static` share must fit
+  beside what JAX keeps between steps (`resident`: params, moments, reference).
+  """
+  device = int(cfg.memory.device_gib * GIB)
+  s = cfg.rollout.sglang
+  if cfg.memory.layout == "timeshare":
+    jax_budget = device - int(cfg.memory.rollout_reserved_gib * GIB)
+    share = int(device * s.mem_fraction_static)
+    share_ok = share + resident <= device
+  elif cfg.memory.layout == "fraction":
+    jax_budget = int(device * (cfg.distributed.xla_mem_fraction or 1.0))
+    share = device - jax_budget
+    share_ok = True
+  else:
+    raise ValueError(f"config.memory.layout={cfg.memory.layout!r} is not one of "
+                     f"{list(MEMORY_LAYOUTS)}")
+  need = rollout_need(cfg, model_cfg, context)
+  uses_sglang = cfg.rollout.engine == "sglang"
+  return {"device": device, "jax": jax_budget, "jax_resident": resident, "rollout_share": share,
+          **need, "rollout_fits": bool(not uses_sglang or (share_ok and need["rollout_need"]
+                                                           <= share))}
+
+
+def rollout_need(cfg, model_cfg, context: int) -> dict[str, int]:
+  """What one SGLang GPU needs: bf16 weights over its TP group plus the KV (full-attention
+  layers) and recurrent state (DeltaNet layers) of its replica's share of the concurrent
+  trajectories at full context."""
+  from bat_jax.model import build_model
+  from flax import nnx
+  import jax
+  import numpy as np
+  abstract = nnx.eval_shape(lambda: build_model(model_cfg, rngs=nnx.Rngs(0)))
+  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+  s = cfg.rollout.sglang
+  weights = 2 * n_params // s.tp_size
+  full = sum(k == "full_attention" for k in model_cfg.layer_types)
+  linear = len(model_cfg.layer_types) - full
+  kv_per_token = full * 2 * model_cfg.num_key_value_heads * model_cfg.head_dim * 2 // s.tp_size
+  state_per_seq = linear * model_cfg.linear_num_value_heads * (
+      model_cfg.linear_key_head_dim * model_cfg.linear_value_head_dim * 4) // s.tp_size
+  per_replica = math.ceil(cfg.rollout.max_concurrent_trajectories / s.dp_size)
+  need = weights + per_replica * (context * kv_per_token + state_per_seq)
+  return {"rollout_weights": weights, "rollout_need": need, "params_count": n_params}
+
+
+def format_table(result: dict[str, Any]) -> str:
+  gib = lambda b: f"{b / GIB:8.2f}"
+  d, budget = result["per_device"], result["budget"]
+  lines = [f"memory plan: {result['config']}",
+           f"{'per device (GiB)':<28}{'':>8}",
+           f"{'params':<28}{gib(d['params'])}",
+           f"{'optimizer state':<28}{gib(d['optimizer'])}",
+           f"{'reference':<28}{gib(d['reference'])}",
+           f"{'gradients (in step temp)':<28}{gib(d['gradients'])}"]
+  for name, p in d["phases"].items():
+    lines.append(f"{name + ' temp':<28}{gib(p['temp'])}   peak {gib(p['peak'])}")
+  lines += [f"{'total (largest peak)':<28}{gib(d['peak'])}",
+            f"{'JAX budget':<28}{gib(budget['jax'])}   of {gib(budget['device'])} "
+            f"({result['config']['layout']}; resident between steps {gib(budget['jax_resident'])})",
+            f"{'rollout share / need':<28}{gib(budget['rollout_share'])}   need "
+            f"{gib(budget['rollout_need'])} (weights {gib(budget['rollout_weights'])})",
+            f"compile seconds: {result['compile_seconds']}",
+            f"fits: {'true' if result['fits'] else 'false'}"]
+  return "\n".join(lines)
+
+
+def main(argv) -> int:
+  del argv
+  cfg = _CONFIG.value
+  _fake_devices(plan_devices(cfg))
+  import jax
+  if jax.device_count() != plan_devices(cfg):
+    raise RuntimeError(f"memory_plan needs {plan_devices(cfg)} fake devices but jax has "
+                       f"{jax.device_count()} (a backend was initialised before XLA_FLAGS)")
+  result = plan(cfg, _LAYERS.value)
+  print(format_table(result), flush=True)
+  if _JSON.value:
+    Path(_JSON.value).write_text(json.dumps(result, indent=2) + "\n")
+  return 0 if result["fits"] else 1
+
+
+if __name__ == "__main__":
+  app.run(lambda argv: sys.exit(main(argv)))
