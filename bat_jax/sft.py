@@ -36,13 +36,14 @@ def sft_loss_fn(*, chunk_size: int = 512):
   def loss_fn(model: nnx.Module, batch: Batch, ref_model: Optional[nnx.Module],
               remat_policy: RematPolicy = None):
     del ref_model
-    for key in ("input_ids", "loss_mask"):
+    for key in ("input_ids", "loss_mask", "valid"):
       if key not in batch:
         raise ValueError(f"SFT batch is missing key {key!r}; has {sorted(batch)}")
     if batch["loss_mask"].shape != batch["input_ids"].shape:
       raise ValueError(f"batch['loss_mask'] {batch['loss_mask'].shape} != batch['input_ids'] "
                        f"{batch['input_ids'].shape}")
-    logp, _ = taken_token_logprobs(model, batch["input_ids"], positions=batch.get("positions"),
+    logp, _ = taken_token_logprobs(model, batch["input_ids"], valid=batch["valid"],
+                                   positions=batch.get("positions"),
                                    chunk_size=chunk_size, remat_policy=remat_policy)
     mask = batch["loss_mask"].astype(jnp.float32)
     nll = -(logp * mask).sum()
@@ -70,7 +71,7 @@ def pad_example(ids: Sequence[int], loss_mask: Sequence[int], *, max_len: int,
     raise ValueError("loss_mask[0] is 1, but the first token has no prefix to predict it")
   pad = max_len - len(ids)
   return {"input_ids": np.pad(ids, (0, pad), constant_values=pad_id),
-          "loss_mask": np.pad(mask, (0, pad))}
+          "loss_mask": np.pad(mask, (0, pad)), "valid": np.arange(max_len) < len(ids)}
 
 
 def drop_too_long(examples: Sequence[Example], max_len: int) -> tuple[list[Example], list[int]]:

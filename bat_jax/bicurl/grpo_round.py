@@ -87,7 +87,8 @@ def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConf
            "tool_calls": float(np.mean([t.num_tool_calls for t in trajectories])),
            "errors": float(sum(t.finish_reason == "error" for t in trajectories)),
            "length": float(longest)}
-  return {"input_ids": batch["input_ids"], "loss_mask": batch["loss_mask"],
+  return {"input_ids": batch["input_ids"], "valid": batch["valid"],
+          "loss_mask": batch["loss_mask"],
           "advantages": advantages.astype(np.float32)}, stats
 
 
@@ -96,10 +97,11 @@ _COMPILED_STEPS: dict[tuple, Any] = {}
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _acting_logp(graphdef, chunk_size: int, temperature: float, params, rest, input_ids):
+def _acting_logp(graphdef, chunk_size: int, temperature: float, params, rest, input_ids, valid):
   """The acting policy's taken-token logprobs at the sampling temperature, `[B, T]`."""
   model = nnx.merge(graphdef, params, rest)
-  logp, _ = taken_token_logprobs(model, input_ids, chunk_size=chunk_size, temperature=temperature)
+  logp, _ = taken_token_logprobs(model, input_ids, valid=valid, chunk_size=chunk_size,
+                                 temperature=temperature)
   return logp
 
 
@@ -156,9 +158,9 @@ class GrpoRound:
 
   # -- pieces --------------------------------------------------------------------------------
 
-  def _old_logp(self, params, input_ids):
+  def _old_logp(self, params, input_ids, valid):
     return _acting_logp(self.graphdef, self.loss_cfg.logprob_chunk_size,
-                        self.loss_cfg.temperature, params, self.rest, input_ids)
+                        self.loss_cfg.temperature, params, self.rest, input_ids, valid)
 
   def _compiled_step(self, batch: dict[str, np.ndarray]):
     """The AOT-compiled step for this batch shape; prints XLA's memory analysis once per shape.
@@ -213,7 +215,8 @@ class GrpoRound:
         t1 = time.monotonic()
         skipped_before = int(self.state.skipped)
         if np.any(batch["advantages"]):
-          batch["old_logp"] = self._old_logp(self.state.params, jnp.asarray(batch["input_ids"]))
+          batch["old_logp"] = self._old_logp(self.state.params, jnp.asarray(batch["input_ids"]),
+                                             jnp.asarray(batch["valid"]))
           self.state, metrics = self._compiled_step(batch)(self.state, batch, self.frozen)
           metrics = {k: float(v) for k, v in jax.device_get(metrics).items() if np.ndim(v) == 0}
           metrics["no_signal"] = 0.0

@@ -166,7 +166,7 @@ class CausalLM(nnx.Module):
       attn_mask = AttentionMask.for_cache(slots, start[:, 0] + counts[:, -1], max_len)
       write_slots = jnp.where(valid, slots, max_len)  # out of range -> dropped
 
-    x = self.embed_tokens(input_ids)
+    x = jnp.where(valid[..., None], self.embed_tokens(input_ids), 0)  # padding carries no value
     new_layers = []
     for i, layer in enumerate(self.layers):
       if remat_policy is not None:

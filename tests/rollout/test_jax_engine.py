@@ -28,7 +28,7 @@ WIDTH = 96  # every reference forward is right padded to this width: one compila
 
 @nnx.jit
 def _trainer_logp(model, ids):
-  return taken_token_logprobs(model, ids, chunk_size=32)[0]
+  return taken_token_logprobs(model, ids, valid=jnp.ones_like(ids, bool), chunk_size=32)[0]
 
 
 @nnx.jit
