@@ -120,7 +120,9 @@ def gated_delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Ar
   q, k, v, g, beta, state = (a.astype(jnp.float32) for a in (q, k, v, g, beta, state))
   b, t, h, dk = k.shape
   dv = v.shape[-1]
-  c = min(chunk_size, max(t, 1))
+  # Always full chunks (T padded up): a token's arithmetic does not depend on how many tokens
+  # follow it, so right padding leaves real-token outputs bit-for-bit comparable.
+  c = chunk_size
   pad = (-t) % c
   if pad:  # g = beta = 0 on padding: no decay, no write.
     q, k, v = (jnp.pad(a, ((0, 0), (0, pad), (0, 0), (0, 0))) for a in (q, k, v))
