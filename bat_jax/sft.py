@@ -71,7 +71,8 @@ def pad_example(ids: Sequence[int], loss_mask: Sequence[int], *, max_len: int,
     raise ValueError("loss_mask[0] is 1, but the first token has no prefix to predict it")
   pad = max_len - len(ids)
   return {"input_ids": np.pad(ids, (0, pad), constant_values=pad_id),
-          "loss_mask": np.pad(mask, (0, pad)), "valid": np.arange(max_len) < len(ids)}
+          "loss_mask": np.pad(mask, (0, pad)),
+          "valid": (np.arange(max_len) < len(ids)).astype(np.int32)}
 
 
 def drop_too_long(examples: Sequence[Example], max_len: int) -> tuple[list[Example], list[int]]:

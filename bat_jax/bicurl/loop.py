@@ -96,7 +96,7 @@ def _sft_shardings(cfg: ml_collections.ConfigDict, model: nnx.Module,
                           optimizer, StepConfig(cfg.sft.micro_batches, cfg.sft.remat))
   state = jax.eval_shape(lambda p: init_train_state(p, optimizer, seed=0), params)
   batch = {k: jax.ShapeDtypeStruct((cfg.sft.global_batch_size, max_len), jnp.int32)
-           for k in ("input_ids", "loss_mask")}
+           for k in ("input_ids", "loss_mask", "valid")}
   frozen = {"rest": rest, "ref_params": None}
   shardings = step_shardings(state, batch, frozen, optimizer, run_mesh(cfg),
                              tuple(cfg.sharding.rules))

@@ -94,7 +94,8 @@ def collate(trajectories: Sequence[Trajectory], *, max_len: Optional[int] = None
     pad_id: token id used for padding.
 
   Returns:
-    `input_ids [B, T] int32`, `valid [B, T] bool` (real tokens), `loss_mask [B, T] float32`, `old_logp [B, T] float32`,
+    `input_ids [B, T] int32`, `valid [B, T] int32` (1 = real token), `loss_mask [B, T] float32`,
+    `old_logp [B, T] float32`,
     `rewards [B] float32`, `group_ids [B] int32` (equal state_id -> equal id, first-seen order).
   """
   if not trajectories:
@@ -112,8 +113,8 @@ def collate(trajectories: Sequence[Trajectory], *, max_len: Optional[int] = None
     logp[i, :n] = t.sampler_logprobs[:n]
     groups.setdefault(t.state_id, len(groups))
   lengths = np.array([min(length, len(t.token_ids)) for t in trajectories])
-  return {"input_ids": ids, "valid": np.arange(length) < lengths[:, None], "loss_mask": mask,
-          "old_logp": logp,
+  valid = (np.arange(length) < lengths[:, None]).astype(np.int32)
+  return {"input_ids": ids, "valid": valid, "loss_mask": mask, "old_logp": logp,
           "rewards": np.array([t.reward for t in trajectories], np.float32),
           "group_ids": np.array([groups[t.state_id] for t in trajectories], np.int32)}
 

@@ -51,7 +51,8 @@ def run_case(name: str, modules: dict) -> dict[str, float]:
   inputs = make_inputs(CASES[name])
   want_out, want_state = reference_recurrence(*(inputs[a] for a in ARGS))
   bf16 = {a: jnp.asarray(inputs[a], jnp.bfloat16) for a in ARGS}
-  want_bf16, want_bf16_state = reference_recurrence(*(np.asarray(bf16[a].astype(jnp.float32)) for a in ARGS))
+  rounded = (np.asarray(bf16[a].astype(jnp.float32)) for a in ARGS)
+  want_bf16, want_bf16_state = reference_recurrence(*rounded)
   row = {}
   with jax.default_matmul_precision("highest"):
     for label, module in modules.items():
