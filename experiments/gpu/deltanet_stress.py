@@ -67,8 +67,10 @@ def run_case(name: str, modules: dict) -> dict[str, float]:
   return row
 
 
-def time_kernel(batch: int, seq: int, heads: int, iters: int = 3) -> float:
-  """Seconds for one chunked forward + backward at a training-like shape (fp32 inside)."""
+def time_kernels(modules: dict, batch: int, seq: int, heads: int, rounds: int = 3
+                 ) -> dict[str, float]:
+  """Best seconds of one chunked forward + backward at a training-like shape, per module; the
+  modules alternate within each round so machine load hits them alike."""
   key = jax.random.split(jax.random.key(0), 5)
   unit = lambda x: x * jax.lax.rsqrt(jnp.sum(x * x, -1, keepdims=True))
   q = unit(jax.random.normal(key[0], (batch, seq, heads, 128))) * 128 ** -0.5
@@ -77,13 +79,18 @@ def time_kernel(batch: int, seq: int, heads: int, iters: int = 3) -> float:
   g = -0.01 * jnp.ones((batch, seq, heads))
   beta = jax.nn.sigmoid(jax.random.normal(key[4], (batch, seq, heads)))
   s0 = jnp.zeros((batch, heads, 128, 128))
-  loss = lambda *a: jnp.sum(deltanet.gated_delta_rule_chunked(*a, chunk_size=64)[0])
-  step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-  jax.block_until_ready(step(q, k, v, g, beta, s0))
-  start = time.perf_counter()
-  for _ in range(iters):
-    jax.block_until_ready(step(q, k, v, g, beta, s0))
-  return (time.perf_counter() - start) / iters
+  steps = {}
+  for label, module in modules.items():
+    loss = lambda *a, m=module: jnp.sum(m.gated_delta_rule_chunked(*a, chunk_size=64)[0])
+    steps[label] = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    jax.block_until_ready(steps[label](q, k, v, g, beta, s0))  # compile
+  best = {label: float("inf") for label in modules}
+  for _ in range(rounds):
+    for label, step in steps.items():
+      start = time.perf_counter()
+      jax.block_until_ready(step(q, k, v, g, beta, s0))
+      best[label] = min(best[label], time.perf_counter() - start)
+  return best
 
 
 def main() -> None:
@@ -107,8 +114,12 @@ def main() -> None:
             "pass": bool(worst <= TOL and worst_bf16 <= TOL)}
   if args.time:
     b, t, h = (int(x) for x in args.time.split(","))
-    result["fwd_bwd_seconds"] = time_kernel(b, t, h)
-    print(f"chunked fwd+bwd B={b} T={t} H={h} Dk=Dv=128: {result['fwd_bwd_seconds']:.4f} s")
+    result["fwd_bwd_seconds"] = time_kernels(modules, b, t, h)
+    for label, seconds in result["fwd_bwd_seconds"].items():
+      print(f"{label} chunked fwd+bwd B={b} T={t} H={h} Dk=Dv=128: {seconds:.4f} s")
+    if "old" in modules:
+      times = result["fwd_bwd_seconds"]
+      print(f"new/old fwd+bwd time: {times['new'] / times['old']:.2f}")
   if args.json:
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
   print(f"deltanet stress: worst fp32 {worst:.2e}, worst bf16-input {worst_bf16:.2e} "
