@@ -21,6 +21,8 @@ PY=${PYTHON:-python}
 
 SMOKE=0
 [[ "${1:-}" == "--cpu-smoke" ]] && SMOKE=1
+# Step timeouts are sized for the GPU run; a CPU smoke run on a busy box may scale them up.
+TIME_SCALE=${TIME_SCALE:-$(( SMOKE ? 4 : 1 ))}
 if [[ -n "${OUT:-}" ]]; then WORK="$OUT/gpu_check"; else WORK="$(mktemp -d)/gpu_check"; fi
 mkdir -p "$WORK"
 SUMMARY="$WORK/summary.txt"
@@ -31,7 +33,7 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 
 # run NAME TIMEOUT_S CMD...: logs to $WORK/NAME.log, records rc, wall time and the last line.
 run() {
-  local name=$1 limit=$2; shift 2
+  local name=$1 limit=$(( $2 * TIME_SCALE )); shift 2
   local t0=$(date +%s)
   echo "=== $name: $*"
   timeout "$limit" "$@" > "$WORK/$name.log" 2>&1
