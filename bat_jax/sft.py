@@ -36,7 +36,7 @@ def sft_loss_fn(*, chunk_size: int = 512):
   def loss_fn(model: nnx.Module, batch: Batch, ref_model: Optional[nnx.Module],
               remat_policy: RematPolicy = None):
     del ref_model
-    for key in ("input_ids", "loss_mask"):
+    for key in ("input_ids", "loss_mask", "valid"):
       if key not in batch:
         raise ValueError(f"SFT batch is missing key {key!r}; has {sorted(batch)}")
     if batch["loss_mask"].shape != batch["input_ids"].shape:

@@ -82,17 +82,20 @@ def shift_to_positions(values: Array) -> Array:
   return jnp.pad(values, ((0, 0), (1, 0)))
 
 
-def taken_token_logprobs(model, input_ids: Array, *, positions: Optional[Array] = None,
-                         valid: Optional[Array] = None, chunk_size: int = 512,
+def taken_token_logprobs(model, input_ids: Array, *, valid: Array,
+                         positions: Optional[Array] = None, chunk_size: int = 512,
                          temperature: float = 1.0, with_entropy: bool = False,
                          remat_policy: Optional[Callable[..., bool]] = None
                          ) -> tuple[Array, Optional[Array]]:
   """Per-position logprob of each token given its prefix, through `model.hidden_states`.
 
   Args:
-    model: a decoder exposing `hidden_states(input_ids, *, positions)` -> `[B, T, D]` and
+    model: a decoder exposing `hidden_states(input_ids, *, positions, valid)` -> `[B, T, D]` and
       `unembed_kernel()` -> `[D, V]`.
     input_ids: `[B, T]` int32 tokens (prompt + response, right padded).
+    valid: `[B, T]` bool, True on real tokens; each row's real tokens must be a prefix (right
+      padding). Required: unmasked padding would enter the DeltaNet state and attention as
+      tokens. Padding never influences a real position, and its outputs are exactly 0.
     positions: optional `[B, T]` positions.
     valid: optional `[B, T]` right-padding mask (1 = real token); pad positions never reach
       real ones.
@@ -101,15 +104,21 @@ def taken_token_logprobs(model, input_ids: Array, *, positions: Optional[Array] 
 
   Returns:
     `(logp [B, T], entropy [B, T] or None)` with
-    `logp[:, t] = log p(input_ids[:, t] | input_ids[:, :t])`;
+    `logp[:, t] = log p(input_ids[:, t] | input_ids[:, :t])` where `valid[:, t]`, else 0;
     column 0 (no prefix) is 0, so the loss mask must be 0 there.
   """
-  if remat_policy is None:
-    hidden = model.hidden_states(input_ids, positions=positions, valid=valid)
-  else:
-    hidden = model.hidden_states(input_ids, positions=positions, valid=valid,
-                                 remat_policy=remat_policy)
+  if valid is None or valid.shape != input_ids.shape:
+    raise ValueError(f"valid {None if valid is None else valid.shape} must be a [B, T] mask "
+                     f"shaped like input_ids {input_ids.shape}")
+  valid = valid.astype(bool)
+  kw = {} if remat_policy is None else {"remat_policy": remat_policy}
+  hidden = model.hidden_states(input_ids, positions=positions, valid=valid, **kw)
   logp, ent = chunked_logprobs(hidden[:, :-1], model.unembed_kernel(), input_ids[:, 1:],
                                chunk_size=chunk_size, temperature=temperature,
                                with_entropy=with_entropy)
-  return shift_to_positions(logp), (shift_to_positions(ent) if ent is not None else None)
+  # `where`, not a product: a non-finite value at a pad position must not survive as 0 * NaN.
+  scored = valid[:, 1:]
+  logp = shift_to_positions(jnp.where(scored, logp, 0.0))
+  if ent is not None:
+    ent = shift_to_positions(jnp.where(scored, ent, 0.0))
+  return logp, ent

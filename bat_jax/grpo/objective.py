@@ -14,8 +14,8 @@ from bat_jax.grpo.logprobs import taken_token_logprobs
 from bat_jax.grpo.loss import policy_loss_terms, validate_loss_config
 from bat_jax.train.step import Batch, LossFn, RematPolicy
 
-REQUIRED_KEYS = ("input_ids", "loss_mask", "old_logp", "advantages")
-OPTIONAL_KEYS = ("positions", "valid", "ref_logp", "sampler_logp")
+REQUIRED_KEYS = ("input_ids", "valid", "loss_mask", "old_logp", "advantages")
+OPTIONAL_KEYS = ("positions", "ref_logp", "sampler_logp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +64,7 @@ def check_batch(batch: Batch) -> None:
   if unknown:
     raise ValueError(f"GRPO batch has unknown keys {unknown}")
   shape = batch["input_ids"].shape
-  for key in ("loss_mask", "old_logp", "positions", "valid", "ref_logp", "sampler_logp"):
+  for key in ("valid", "loss_mask", "old_logp", "positions", "ref_logp", "sampler_logp"):
     if key in batch and batch[key].shape != shape:
       raise ValueError(f"batch[{key!r}] has shape {batch[key].shape}, expected {shape}")
   if batch["advantages"].shape != shape[:1]:
@@ -79,7 +79,7 @@ def grpo_loss_fn(cfg: GrpoConfig) -> LossFn:
               remat_policy: RematPolicy = None):
     check_batch(batch)
     logp, entropy = taken_token_logprobs(
-        model, batch["input_ids"], positions=batch.get("positions"), valid=batch.get("valid"),
+        model, batch["input_ids"], valid=batch["valid"], positions=batch.get("positions"),
         chunk_size=cfg.logprob_chunk_size, temperature=cfg.temperature,
         with_entropy=cfg.compute_entropy, remat_policy=remat_policy)
     ref_logp = None
@@ -89,9 +89,8 @@ def grpo_loss_fn(cfg: GrpoConfig) -> LossFn:
         if ref_model is None:
           raise ValueError("kl_coef > 0 needs batch['ref_logp'] or reference params")
         ref_logp, _ = taken_token_logprobs(
-            ref_model, batch["input_ids"], positions=batch.get("positions"),
-            valid=batch.get("valid"), chunk_size=cfg.logprob_chunk_size,
-            temperature=cfg.temperature)
+            ref_model, batch["input_ids"], valid=batch["valid"], positions=batch.get("positions"),
+            chunk_size=cfg.logprob_chunk_size, temperature=cfg.temperature)
       ref_logp = jax.lax.stop_gradient(ref_logp)
     numerator, denominator, stats = policy_loss_terms(
         logp, batch["old_logp"], batch["advantages"], batch["loss_mask"], ref_logp=ref_logp,

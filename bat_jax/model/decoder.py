@@ -231,7 +231,8 @@ class CausalLM(nnx.Module):
       attn_mask = AttentionMask.for_cache(slots, start[:, 0] + counts[:, -1], max_len)
       write_slots = jnp.where(valid, slots, max_len)  # out of range -> dropped
 
-    x = sharding.constrain(self.embed_tokens(input_ids), sharding.ACTIVATION_AXES)
+    x = jnp.where(valid[..., None], self.embed_tokens(input_ids), 0)  # padding carries no value
+    x = sharding.constrain(x, sharding.ACTIVATION_AXES)
     inputs = dict(positions=positions, attn_mask=attn_mask, valid=valid)
     new_layers = []
     if cache is None and self.config.scan_layers:

@@ -11,9 +11,10 @@ Two equivalent forms:
 * `gated_delta_rule_chunked`: a WY/UT-transform form that is parallel inside a
   chunk and scans only over chunks (training and prefill).
 
-Both run in fp32 and take / return the state, so a prefill chunk can continue
-from a cache. Invalid (padding) tokens get g = 0 and beta = 0, which leaves the
-state exactly unchanged.
+Both compute in fp32 whatever the input dtype and take / return the state, so
+a prefill chunk can continue from a cache. Invalid (padding) tokens get
+q = k = v = 0, g = 0 and beta = 0 (set with `where`, so even non-finite padding
+activations cannot leak), which leaves the state exactly unchanged.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from bat_jax.model.layers import Linear, logical_param, rms_normalize
@@ -55,8 +57,9 @@ def gated_delta_rule_recurrent(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.
     g: [B, T, H] log decay (<= 0). beta: [B, T, H] write strength.
     state: [B, H, Dk, Dv] initial state.
   Returns:
-    (out [B, T, H, Dv], final state [B, H, Dk, Dv]).
+    (out [B, T, H, Dv] fp32, final state [B, H, Dk, Dv] fp32).
   """
+  q, k, v, g, beta, state = (a.astype(jnp.float32) for a in (q, k, v, g, beta, state))
 
   def step(s, inputs):
     q_t, k_t, v_t, g_t, b_t = inputs  # [B, H, D*], [B, H]
@@ -72,21 +75,33 @@ def gated_delta_rule_recurrent(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.
 
 
 def unit_lower_inverse(a: jax.Array) -> jax.Array:
-  """(I + A)^-1 for strictly lower-triangular A [..., C, C].
+  """(I + A)^-1 for strictly lower-triangular A [..., C, C], by block doubling.
 
-  A is nilpotent (A^C = 0), so (I + A)^-1 = sum_k (-A)^k
-  = prod_j (I + (-A)^(2^j)) for j < ceil(log2 C): 2 log2(C) batched matmuls
-  instead of a sequential triangular solve (which XLA lowers to slow loops on
-  CPU and which parallelises poorly on accelerators).
+  Starting from T = I (the inverse of the 1x1 diagonal blocks), each level
+  merges neighbouring diagonal blocks of size s into blocks of size 2s:
+
+      [[T11, 0], [A21, T22]]^-1 ... = [[T11, 0], [-T22 A21 T11, T22]],
+
+  written over the full matrix as T <- T - T (A * M_s) T, where the static
+  mask M_s keeps only the A21 blocks of level s. 2 ceil(log2 C) batched
+  matmuls, like a Neumann series by repeated squaring, but every intermediate
+  is an exact inverse of a principal sub-block (a product of delta-rule
+  contractions, entries of order 1), so nothing cancels. The series
+  sum_k (-A)^k forms powers of A whose entries grow like binom(C, k) for
+  similar keys and slow decay, and cancels catastrophically (fla's
+  `solve_tril` merges diagonal-block inverses the same way).
   """
   c = a.shape[-1]
-  eye = jnp.eye(c, dtype=a.dtype)
-  power = -a
-  inverse = eye + power
+  rows, cols = np.arange(c)[:, None], np.arange(c)[None, :]
   hi = jax.lax.Precision.HIGHEST
-  for _ in range(max(c - 1, 1).bit_length() - 1):
-    power = jnp.matmul(power, power, precision=hi)
-    inverse = inverse + jnp.matmul(inverse, power, precision=hi)
+  inverse = jnp.broadcast_to(jnp.eye(c, dtype=a.dtype), a.shape)
+  size = 1
+  while size < c:
+    lower_block = ((rows // size) % 2 == 1) & (rows // size == cols // size + 1)
+    a_level = jnp.where(lower_block, a, 0.0)
+    inverse = inverse - jnp.matmul(jnp.matmul(inverse, a_level, precision=hi), inverse,
+                                   precision=hi)
+    size *= 2
   return inverse
 
 
@@ -98,10 +113,16 @@ def gated_delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Ar
   Inside a chunk of C tokens the sequential writes are condensed with the
   inverse of a unit lower-triangular system (the UT transform); only the
   chunk-to-chunk state hand-off is a scan, so there is no loop over tokens.
+  Decay factors are only ever exp of non-positive numbers (differences are
+  masked to the causal triangle before exp), and the UT inverse is the stable
+  block-doubling form of `unit_lower_inverse`.
   """
+  q, k, v, g, beta, state = (a.astype(jnp.float32) for a in (q, k, v, g, beta, state))
   b, t, h, dk = k.shape
   dv = v.shape[-1]
-  c = min(chunk_size, max(t, 1))
+  # Always full chunks (T padded up): a token's arithmetic does not depend on how many tokens
+  # follow it, so right padding leaves real-token outputs bit-for-bit comparable.
+  c = chunk_size
   pad = (-t) % c
   if pad:  # g = beta = 0 on padding: no decay, no write.
     q, k, v = (jnp.pad(a, ((0, 0), (0, pad), (0, 0), (0, 0))) for a in (q, k, v))
@@ -235,7 +256,8 @@ class GatedDeltaNet(nnx.Module):
       ([B, T, D], new state or None when `state` is None).
     """
     b, t, _ = x.shape
-    x = x * valid[..., None].astype(x.dtype)
+    valid = valid.astype(bool)
+    x = jnp.where(valid[..., None], x, jnp.zeros((), x.dtype))
     qkv_in = self.in_proj_qkv(x)  # [B, T, C]
     history = (state.conv if state is not None else
                jnp.zeros((b, self.conv_kernel - 1, self.conv_dim), qkv_in.dtype))
@@ -247,13 +269,16 @@ class GatedDeltaNet(nnx.Module):
     # Grouped value heads: key head i serves value heads [i*r, (i+1)*r).
     rep = self.num_v_heads // self.num_k_heads
     q, k = jnp.repeat(q, rep, axis=2), jnp.repeat(k, rep, axis=2)
-    q = l2_normalize(q) * self.head_k_dim ** -0.5
-    k = l2_normalize(k)
+    # Padding is made inert with `where` (never 0 * x, which keeps a NaN).
+    keep = valid[:, :, None, None]  # [B, T, 1, 1]
+    q = jnp.where(keep, l2_normalize(q) * self.head_k_dim ** -0.5, 0.0)
+    k = jnp.where(keep, l2_normalize(k), 0.0)
+    v = jnp.where(keep, v, 0.0)
 
-    valid_f = valid.astype(jnp.float32)[..., None]  # [B, T, 1]
-    beta = jax.nn.sigmoid(self.in_proj_b(x).astype(jnp.float32)) * valid_f
+    beta = jnp.where(valid[..., None], jax.nn.sigmoid(self.in_proj_b(x).astype(jnp.float32)), 0.0)
     a = self.in_proj_a(x).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
-    g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a) * valid_f
+    g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
+    g = jnp.where(valid[..., None], g, 0.0)  # [B, T, Hv] log decay
 
     s0 = (state.recurrent if state is not None else
           jnp.zeros((b, self.num_v_heads, self.head_k_dim, self.head_v_dim), jnp.float32))

@@ -110,9 +110,10 @@ def collate(trajectories: Sequence[Trajectory], *, max_len: Optional[int] = None
     pad_id: token id used for padding.
 
   Returns:
-    `input_ids [B, T] int32`, `loss_mask [B, T] float32`, `sampler_logp [B, T] float32` (the
-    rollout engine's logprobs; the trainer adds its own `old_logp`), `rewards [B] float32`,
-    `group_ids [B] int32` (equal state_id -> equal id, first-seen order), `trainable [B] bool`.
+    `input_ids [B, T] int32`, `valid [B, T] int32` (1 = real token), `loss_mask [B, T] float32`,
+    `sampler_logp [B, T] float32` (the rollout engine's logprobs; the trainer adds its own
+    `old_logp`), `rewards [B] float32`, `group_ids [B] int32` (equal state_id -> equal id,
+    first-seen order), `trainable [B] bool`.
     A token whose sampler logprob the server reported as null (NaN here) gets loss mask 0 and
     sampler_logp 0: its sampling probability is unknown, so it is not trained on.
   """
@@ -132,7 +133,9 @@ def collate(trajectories: Sequence[Trajectory], *, max_len: Optional[int] = None
     groups.setdefault(t.state_id, len(groups))
   unknown = ~np.isfinite(logp)
   mask[unknown], logp[unknown] = 0.0, 0.0
-  return {"input_ids": ids, "loss_mask": mask, "sampler_logp": logp,
+  lengths = np.array([min(length, len(t.token_ids)) for t in trajectories])
+  valid = (np.arange(length) < lengths[:, None]).astype(np.int32)
+  return {"input_ids": ids, "valid": valid, "loss_mask": mask, "sampler_logp": logp,
           "rewards": np.array([t.reward for t in trajectories], np.float32),
           "group_ids": np.array([groups[t.state_id] for t in trajectories], np.int32),
           "trainable": np.array([t.trainable for t in trajectories], bool)}

@@ -44,7 +44,9 @@ def grpo_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, np.
   old = (-np.log(vocab) + 0.1 * rng.normal(size=(batch, seq))).astype(np.float32) * mask
   ref = (old + 0.05 * rng.normal(size=(batch, seq))).astype(np.float32) * mask
   adv = rng.normal(size=batch).astype(np.float32)
-  return {"input_ids": ids, "loss_mask": mask, "old_logp": old, "ref_logp": ref,
+  # Every token real (valid), like the PyTorch reference, which gets no attention mask.
+  return {"input_ids": ids, "valid": np.ones_like(ids, bool), "loss_mask": mask,
+          "old_logp": old, "ref_logp": ref,
           "advantages": adv}
 
 

@@ -37,6 +37,7 @@ def main() -> None:
   for length in args.lengths:
     rng = np.random.default_rng(0)
     batch = {"input_ids": jnp.asarray(rng.integers(0, vocab, (args.batch, length)), jnp.int32),
+             "valid": jnp.ones((args.batch, length), bool),
              "loss_mask": jnp.ones((args.batch, length), jnp.int32).at[:, 0].set(0)}
     state = init_train_state(jax.tree.map(jnp.copy, params), optimizer, seed=0)  # donated
     t0 = time.perf_counter()

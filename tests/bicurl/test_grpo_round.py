@@ -46,7 +46,7 @@ def test_tis_cap_runs_a_grpo_step_and_logs_the_sampler_gap(tmp_path, chat):
   ref = jax.tree.map(jnp.copy, nnx.state(model, nnx.Param))  # the step donates the start params
   rng = np.random.default_rng(0)
   ids = rng.integers(1, 500, (4, 24)).tolist()
-  trainer_logp, _ = taken_token_logprobs(model, jnp.asarray(ids),
+  trainer_logp, _ = taken_token_logprobs(model, jnp.asarray(ids), valid=jnp.ones((4, 24), bool),
                                          temperature=cfg.rollout.sampling.temperature)
   # The sampler's logprobs differ from the trainer's by a known offset per token.
   offset = rng.uniform(-1.5, 1.5, (4, 24)).astype(np.float32)

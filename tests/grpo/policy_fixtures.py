@@ -37,7 +37,8 @@ def grpo_batch(seed: int, batch: int = 8, length: int = 12) -> dict[str, np.ndar
   ids = rng.integers(1, VOCAB, (batch, length), dtype=np.int32)
   ends = rng.integers(6, length + 1, batch)
   mask = ((np.arange(length)[None] >= 4) & (np.arange(length)[None] < ends[:, None]))
-  return {"input_ids": ids, "loss_mask": mask.astype(np.float32),
+  valid = np.arange(length)[None] < ends[:, None]  # right padding after the response
+  return {"input_ids": ids, "valid": valid, "loss_mask": mask.astype(np.float32),
           "old_logp": (-3.0 + 0.3 * rng.normal(size=(batch, length))).astype(np.float32) * mask,
           "advantages": rng.normal(size=batch).astype(np.float32)}
 

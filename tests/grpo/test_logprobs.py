@@ -3,6 +3,8 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
+from flax import nnx
 
 from bat_jax.grpo import chunked_logprobs, taken_token_logprobs
 from policy_fixtures import grpo_batch, tiny_model
@@ -16,11 +18,60 @@ def test_taken_token_logprobs_match_full_log_softmax():
   want_ent = -(jnp.exp(full) * full).sum(-1)[:, :-1]
   # 10 predictions: an uneven split (padded last chunk) and a single chunk.
   for chunk in (4, 64):
-    logp, ent = jax.jit(lambda x: taken_token_logprobs(model, x, chunk_size=chunk,
-                                                       temperature=0.7, with_entropy=True))(ids)
+    logp, ent = jax.jit(lambda x: taken_token_logprobs(model, x, valid=jnp.ones_like(x, bool),
+                                                       chunk_size=chunk, temperature=0.7,
+                                                       with_entropy=True))(ids)
     assert logp.shape == ids.shape and np.all(np.asarray(logp[:, 0]) == 0.0)
     np.testing.assert_allclose(logp[:, 1:], want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ent[:, 1:], want_ent, rtol=1e-5, atol=1e-5)
+
+
+def test_valid_is_required_and_shaped_like_input_ids():
+  model, ids = tiny_model(), jnp.zeros((2, 6), jnp.int32)
+  with pytest.raises(TypeError, match="valid"):
+    taken_token_logprobs(model, ids)  # pylint: disable=missing-kwoa
+  with pytest.raises(ValueError, match=r"valid \(2, 5\) must be a \[B, T\] mask"):
+    taken_token_logprobs(model, ids, valid=jnp.ones((2, 5), bool))
+
+
+def _slow_decay_hybrid():
+  """Tiny Qwen3.5 stack whose DeltaNet heads decay slowly (log decay ~ -0.01 per token)."""
+  model = tiny_model(hybrid=True, deltanet_chunk_size=64, max_position_embeddings=2048)
+  for layer in model.layers:
+    if layer.layer_type == "linear_attention":
+      mixer = layer.linear_attn
+      mixer.in_proj_a.kernel[...] = 1e-4 * mixer.in_proj_a.kernel[...]
+      mixer.dt_bias[...] = jnp.zeros_like(mixer.dt_bias[...])
+      mixer.A_log[...] = jnp.full_like(mixer.A_log[...], np.log(0.01 / np.log(2.0)))
+  return model
+
+
+def test_padding_never_reaches_real_tokens_even_when_non_finite():
+  # 40 real tokens, then 1,000 right-pad tokens (one id repeated) whose embedding is NaN: the
+  # real-token logprobs equal the unpadded ones, padding scores exactly 0, and the loss
+  # gradient is finite (no 0 * NaN anywhere).
+  model = _slow_decay_hybrid()
+  pad_id, real_len, pad = 3, 40, 1000
+  table = model.embed_tokens.embedding
+  table[...] = table[...].at[pad_id].set(jnp.nan)
+  real = np.random.default_rng(0).integers(4, 61, real_len).astype(np.int32)
+  ids = jnp.asarray(np.concatenate([real, np.full(pad, pad_id, np.int32)])[None])
+  valid = jnp.arange(real_len + pad)[None] < real_len
+
+  @nnx.jit
+  def logp(m, x, v):
+    return taken_token_logprobs(m, x, valid=v, chunk_size=64, with_entropy=True)
+
+  alone, _ = logp(model, jnp.asarray(real[None]), jnp.ones((1, real_len), bool))
+  padded, entropy = logp(model, ids, valid)
+  assert np.all(np.asarray(padded[:, real_len:]) == 0.0)
+  assert np.all(np.asarray(entropy[:, real_len:]) == 0.0)
+  np.testing.assert_allclose(padded[:, :real_len], alone, atol=1e-5, rtol=0)
+
+  loss_mask = valid.at[:, 0].set(False).astype(jnp.float32)
+  grads = nnx.jit(nnx.grad(lambda m: -(logp(m, ids, valid)[0] * loss_mask).sum()))(model)
+  for path, g in jax.tree_util.tree_leaves_with_path(nnx.state(grads)):
+    assert np.isfinite(np.asarray(g)).all(), path
 
 
 def test_chunked_logprobs_gradient_matches_full():

@@ -28,7 +28,8 @@ WIDTH = 96  # every reference forward is right padded to this width: one compila
 
 @nnx.jit(static_argnames="temperature")
 def _trainer_logp(model, ids, temperature=1.0):
-  return taken_token_logprobs(model, ids, chunk_size=32, temperature=temperature)[0]
+  return taken_token_logprobs(model, ids, valid=jnp.ones_like(ids, bool), chunk_size=32,
+                              temperature=temperature)[0]
 
 
 @nnx.jit

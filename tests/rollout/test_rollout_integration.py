@@ -58,7 +58,8 @@ def test_jax_engine_rollout_logprobs_match_the_trainer_across_turns(model, chat,
     assert t.finish_reason == "max_turns" and t.num_turns == 3 and t.error is None
     assert sum(t.loss_mask) == t.num_response_tokens == 18
     assert t.stage_scores == {"S1": None} and t.reward == 0.0  # no evidence: null, not zero
-    logp, _ = nnx.jit(lambda m, ids: taken_token_logprobs(m, ids, chunk_size=256))(
+    logp, _ = nnx.jit(lambda m, ids: taken_token_logprobs(
+        m, ids, valid=jnp.ones_like(ids, bool), chunk_size=256))(
         model, jnp.asarray([t.token_ids], jnp.int32))
     mask = np.array(t.loss_mask, bool)
     np.testing.assert_allclose(np.array(t.sampler_logp)[mask], np.asarray(logp[0])[mask],

@@ -247,7 +247,7 @@ def test_agent_loop_over_http_keeps_trainer_logprobs_and_reuses_prefixes(model, 
   # Turns after the first continue a cached prefix on the server (no recomputation).
   assert [c.cached_tokens > 0 for c in engine.completions] == [False, False] + [True] * 4
   for t in trajs:  # the sampler's logprobs are the trainer's at the sampling temperature 0.7
-    logp, _ = nnx.jit(lambda m, ids: taken_token_logprobs(m, ids, chunk_size=256,
+    logp, _ = nnx.jit(lambda m, ids: taken_token_logprobs(m, ids, valid=jnp.ones_like(ids, bool), chunk_size=256,
                                                           temperature=0.7))(
         model, jnp.asarray([t.token_ids], jnp.int32))
     mask = np.array(t.loss_mask, bool)

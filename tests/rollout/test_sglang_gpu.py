@@ -58,7 +58,8 @@ def test_real_sglang_generate_logprobs_and_weight_sync(tokenizer_dir, tokenizer,
       sampled = engine.generate([GenerateRequest(prompt, SamplingParams(
           max_new_tokens=16, temperature=0.7))])[0]
       seq = prompt + list(sampled.output_ids)
-      logp, _ = taken_token_logprobs(model, jnp.asarray([seq], jnp.int32), temperature=0.7)
+      logp, _ = taken_token_logprobs(model, jnp.asarray([seq], jnp.int32),
+                                    valid=jnp.ones((1, len(seq)), bool), temperature=0.7)
       np.testing.assert_allclose(sampled.logprobs, np.asarray(logp[0, len(prompt):]),
                                  atol=2e-3)
       other = qwen3_model(len(tokenizer), 1)

@@ -135,7 +135,8 @@ def test_kl_from_frozen_copy_equals_precomputed_ref_logp():
   policy, ref = tiny_model(seed=0), tiny_model(seed=1)
   cfg = GrpoConfig(kl_coef=0.1, logprob_chunk_size=5)
   loss_fn = grpo_loss_fn(cfg)
-  ref_logp = taken_token_logprobs(ref, jnp.asarray(BATCH["input_ids"]), chunk_size=5)[0]
+  ref_logp = taken_token_logprobs(ref, jnp.asarray(BATCH["input_ids"]),
+                                  valid=jnp.asarray(BATCH["valid"]), chunk_size=5)[0]
 
   @jax.jit
   def both(batch, ref_logp):
