@@ -72,6 +72,7 @@ SMOKE_OVERRIDES = {
     "rollout.jax.max_len": 3072,
     "stagebank.n_batches": 2,
     "evaluator.workers": 1,
+    "evaluator.cells_per_track": 1,
 }
 
 
