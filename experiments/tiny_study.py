@@ -105,7 +105,7 @@ def run_seed(root: Path, seed: int, modes: Sequence[str], extra: Sequence[str],
   for m in pending:
     if m != source.name:
       fork_cold_start(source, dirs[m], m)
-  pending = [m for m in pending if m != source.name and not _finished(dirs[m])]
+  pending = [m for m in pending if not _finished(dirs[m])]
   running: list[tuple[str, Any]] = []
   while pending or running:
     while pending and len(running) < parallel:
