@@ -98,19 +98,21 @@ def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
 
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 1
 
-  # Stage-tools rows are short (the longest, an E2E row's last action, ~700 tokens), so every
-  # row of every stage boundary fits; 2 tasks per grid state give ~530 rows.
-  c.sft.steps = 300
+  # 2 tasks per grid state give ~530 rows over every stage boundary and E2E.
+  c.sft.steps = 150
   c.sft.global_batch_size = 8
   c.sft.micro_batches = 1
+  # The Qwen tool preamble alone is ~650 tokens, so rows over 1,024 tokens (an E2E row's 4th+
+  # action) are dropped: ~290 of ~530 rows remain, every stage-local row among them. An SFT
+  # step at [8, 2048] costs ~4x one at [8, 1024].
   c.sft.max_seq_len = 1024
-  c.sft.lr = 2e-3                  # a from-scratch model, not a fine-tune
+  c.sft.lr = 3e-3                  # a from-scratch model, not a fine-tune
   c.sft.warmup_steps = 10
   c.sft.schedule = "cosine"
   c.sft.num_examples = 1008        # -> 2 tasks per grid state (setup.sft_states)
   c.sft.max_validation_examples = 32
   c.sft.remat = "none"
-  c.sft.checkpoint.every = 50
+  c.sft.checkpoint.every = 25
 
   c.grpo.rounds = arg.rounds
   c.grpo.steps_per_round = 2
