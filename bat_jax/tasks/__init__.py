@@ -19,4 +19,5 @@ from bat_jax.tasks.briefs import brief_for
 from bat_jax.tasks.families import FAMILIES, TRAIN_NAMES, generate
 
 __all__ = ["FAMILIES", "TRAIN_NAMES", "Action", "NamePool", "TaskInstance", "TrackFamily",
-           "brief_for", "expert_actions", "generate", "expert_episode", "materialize_at", "run_expert"]
+           "brief_for", "expert_actions", "expert_episode", "generate", "materialize_at",
+           "run_expert"]

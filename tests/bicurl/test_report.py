@@ -36,7 +36,8 @@ def test_report_shows_standard_errors_targets_and_applied_steps():
   state.rounds.append(RoundRecord(
       round=0, target="S2",
       weights={"pool_mix": {p: 1 / 3 for p in workflow.POOLS},
-               "stage_weights": {s: float(s == "S2") for s in workflow.STAGES}}, start_policy="sft", candidate="round_000",
+               "stage_weights": {s: float(s == "S2") for s in workflow.STAGES}},
+      start_policy="sft", candidate="round_000",
       gate={"passed": True, "reasons": [], "checks": {}}, promoted=True, healthy=True,
       steps=[{"reward_mean": 0.2, "no_signal": 0.0}, {"reward_mean": 0.0, "no_signal": 1.0}]))
   report = build_report(state)
