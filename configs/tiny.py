@@ -99,7 +99,7 @@ def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 1
 
   # 2 tasks per grid state give ~530 rows over every stage boundary and E2E.
-  c.sft.steps = 80
+  c.sft.steps = 240               # 80 (run on a loaded box) learns the call format, not copying
   c.sft.global_batch_size = 8
   c.sft.micro_batches = 1
   # The Qwen tool preamble alone is ~650 tokens, so rows over 1,024 tokens (an E2E row's 4th+
