@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 from ml_collections import ConfigDict
 
-from bat_jax import curriculum, gate
+from bat_jax import curriculum, gate, workflow
 from bat_jax.evaluator.generators import TIERS as EVALUATOR_TIERS
 from bat_jax.grpo import ADVANTAGE_ESTIMATORS
 from bat_jax.grpo.loss import validate_loss_config
@@ -280,6 +280,7 @@ def _check_services(ck: _Checker) -> None:
     ck.fail("stagebank.dir", "mode 'connect' needs the running Stage Bank's directory")
   ck.one_of("evaluator.kind", EVALUATOR_KINDS)
   ck.one_of("evaluator.tier", EVALUATOR_TIERS)
+  ck.one_of("workflow.action_space", workflow.ACTION_SPACES)
   ck.positive("evaluator.cells_per_track", "evaluator.workers", "evaluator.external.timeout_s")
   if ck.get("evaluator.kind") == "external":
     argv = ck.get("evaluator.external.argv")

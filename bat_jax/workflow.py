@@ -235,6 +235,43 @@ def e2e_reward(stage_scores: Mapping[str, Optional[float]], task: Optional[float
   return AGENTIC_WEIGHT * agentic + TASK_WEIGHT * (0.0 if _is_null(task) else float(task))
 
 
+# ---------------------------------------------------------------------------------------------
+# Action spaces. `code`: the agent writes each stage's code itself (the reference recipe).
+# `stage_tools`: the workspace also ships short stage CLIs under tools/ that do the heavy lifting
+# by executed code, so a correct action is one short `execute_code` call whose arguments are
+# grounded in the task (copied from the brief) or, for the reactive steps, in an earlier
+# observation (the fault and subject a validation run names). The tools write the same
+# artifacts and receipts the rubric checks; a wrongly grounded call fails or writes artifacts
+# the rubric rejects. The tool, the rubric and the evidence rules are the same in both spaces.
+# ---------------------------------------------------------------------------------------------
+
+ACTION_SPACES: tuple[str, ...] = ("code", "stage_tools")
+TOOLS_DIR = "tools"
+# Stage -> the tool calls that do it (public usage; briefs and specs quote it).
+STAGE_TOOLS: Mapping[str, str] = {
+    "S1": "python tools/plan.py --weights WEIGHTS_FILE --data DATA_DIR --cases N_CASES",
+    "S2": "python tools/setup.py --card CARD_PATH",
+    "S3": "python tools/validate.py --cases VALIDATION_IDS; when it names a recoverable fault: "
+          "python tools/fix.py --fault FAULT --subject SUBJECT, then validate again",
+    "S4": "python tools/infer.py --data DATA_DIR, or python tools/infer.py --blocked FAULT when "
+          "validation found a fault that cannot be fixed (cat validation/diagnosis.json)",
+    "S5": "python tools/submit.py --to SUBMISSION_PATH, or python tools/submit.py --failed FAULT "
+          "--subject SUBJECT for an honest failure report",
+}
+TOOL_COMMANDS: tuple[str, ...] = ("plan", "setup", "validate", "fix", "infer", "submit")
+# Every file the stage tools ship: one entry script per command, the shared kit, and the
+# pipeline sources `setup` installs under pipeline/.
+STAGE_TOOL_FILES: tuple[str, ...] = tuple(f"{TOOLS_DIR}/{c}.py" for c in TOOL_COMMANDS) + (
+    f"{TOOLS_DIR}/kit.py", f"{TOOLS_DIR}/lib/checks.py", f"{TOOLS_DIR}/lib/infer.py",
+    f"{TOOLS_DIR}/lib/submission.py")
+
+
+def check_action_space(action_space: str) -> str:
+  if action_space not in ACTION_SPACES:
+    raise ValueError(f"unknown action space {action_space!r}; expected one of {ACTION_SPACES}")
+  return action_space
+
+
 # The single tool the agent has. Its observation format is fixed.
 TOOL_NAME = "execute_code"
 TOOL_LANGUAGES: tuple[str, ...] = ("python", "bash")

@@ -232,6 +232,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.stagebank.dir = config_dict.placeholder(str)  # None: WORKDIR/stagebank
   c.stagebank.request_timeout_s = 3600.0
 
+  # What an action is (both sides: SFT rows, Stage Bank rows, rollouts, held-out cells).
+  c.workflow = ml_collections.ConfigDict()
+  c.workflow.action_space = "code"       # code (the reference) | stage_tools (workspace CLIs)
+
   c.evaluator = ml_collections.ConfigDict()
   c.evaluator.kind = "builtin"           # builtin held-out teacher | external argv adapter
   c.evaluator.tier = "lite"              # lite | standard

@@ -72,6 +72,7 @@ SMOKE_OVERRIDES = {
     "rollout.jax.max_len": 3072,
     "stagebank.n_batches": 2,
     "evaluator.workers": 1,
+    "evaluator.cells_per_track": 1,
 }
 
 
@@ -81,8 +82,12 @@ def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
   c = base.base_config()
   c.seed = 0
 
-  # Expert actions carry up to ~5.6k chars of code; a 2k vocab shortens them versus 512-1k.
-  vocab_size = ml_collections.FieldReference(2048)
+  # The compact action space: every workspace ships stage tools (tools/plan.py ... submit.py),
+  # so an action is one short call (~30-60 tokens) whose arguments are copied from the brief's
+  # facts or, in the reactive steps, from an observation. The reference configs keep `code`.
+  c.workflow.action_space = "stage_tools"
+
+  vocab_size = ml_collections.FieldReference(1024)
   c.model.source = "scratch"
   c.model.hf_config = tiny_qwen3_5_text(vocab_size)
   c.model.dtype = "float32"        # CPU: bf16 matmuls are emulated and slower
@@ -93,23 +98,25 @@ def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
 
   c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, 1, 1
 
-  c.sft.steps = 240               # ~10 epochs of the 96 rows that fit: well-formed tool calls
-  c.sft.global_batch_size = 4
+  # 2 tasks per grid state give ~530 rows over every stage boundary and E2E.
+  c.sft.steps = 240               # 80 (run on a loaded box) learns the call format, not copying
+  c.sft.global_batch_size = 8
   c.sft.micro_batches = 1
-  # Rows over 1,024 tokens are dropped (what remains is each stage's first action): an SFT
-  # step at [8, 4096] takes ~100 s on 2 cores, at [4, 1024] a few seconds.
+  # The Qwen tool preamble alone is ~650 tokens, so rows over 1,024 tokens (an E2E row's 4th+
+  # action) are dropped: ~290 of ~530 rows remain, every stage-local row among them. An SFT
+  # step at [8, 2048] costs ~4x one at [8, 1024].
   c.sft.max_seq_len = 1024
-  c.sft.lr = 1e-3                  # a from-scratch model, not a fine-tune
-  c.sft.warmup_steps = 4
+  c.sft.lr = 3e-3                  # a from-scratch model, not a fine-tune
+  c.sft.warmup_steps = 10
   c.sft.schedule = "cosine"
-  c.sft.num_examples = 480
+  c.sft.num_examples = 1008        # -> 2 tasks per grid state (setup.sft_states)
   c.sft.max_validation_examples = 32
   c.sft.remat = "none"
-  c.sft.checkpoint.every = 40
+  c.sft.checkpoint.every = 20
 
   c.grpo.rounds = arg.rounds
   c.grpo.steps_per_round = 2
-  c.grpo.prompt_groups = 2
+  c.grpo.prompt_groups = 4
   c.grpo.group_size = 4
   c.grpo.lr = 1e-4
   c.grpo.micro_batches = 1
@@ -118,14 +125,14 @@ def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
   c.grpo.logprob_chunk_size = 256
 
   c.rollout.engine = "jax"
-  c.rollout.limits.max_turn_tokens = 256
-  c.rollout.limits.max_assistant_turns = 3
-  c.rollout.limits.max_tool_calls = 2
-  c.rollout.limits.max_response_tokens = 640
+  c.rollout.limits.max_turn_tokens = 96
+  c.rollout.limits.max_assistant_turns = 9
+  c.rollout.limits.max_tool_calls = 8
+  c.rollout.limits.max_response_tokens = 768
   c.rollout.limits.max_observation_chars = 512
   c.rollout.limits.max_context_tokens = 2048
-  c.rollout.max_concurrent_trajectories = 8
-  c.rollout.jax.batch_size = 8
+  c.rollout.max_concurrent_trajectories = 16
+  c.rollout.jax.batch_size = 16
   c.rollout.jax.max_len = 2048
   c.rollout.jax.prefill_chunk = 256
 
@@ -133,9 +140,9 @@ def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
   c.sandbox.cpu_s = 5
   c.sandbox.memory_mb = 512
 
-  c.stagebank.n_batches = 2        # 16 rows per round: 2 updates of 2 groups x G=4
-  c.evaluator.cells_per_track = 1
-  c.evaluator.workers = 7
+  c.stagebank.n_batches = 2        # 2 updates of 4 groups x G=4 per round
+  c.evaluator.cells_per_track = 3  # 21 held-out cells: one per outcome bucket per track
+  c.evaluator.workers = 8
   c.curriculum.mode = arg.mode
 
   if arg.smoke:

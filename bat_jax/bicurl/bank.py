@@ -21,6 +21,7 @@ from bat_jax.evaluator.evaluate import EvalSettings
 from bat_jax.evaluator.markers_export import export_cells, write_export
 from bat_jax.rollout.sglang_launcher import die_with_parent  # PR_SET_PDEATHSIG helper
 from bat_jax.stagebank import serve as bank_serve
+from bat_jax.stagebank import task_source
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class StageBank:
     argv = [sys.executable, "-m", "bat_jax.stagebank", "serve", f"--bank={bank_dir}",
             f"--seed={cfg.stagebank.seed}", f"--n-batches={cfg.stagebank.n_batches}",
             f"--rows-per-batch={cfg.grpo.prompt_groups}", f"--markers={markers_path}",
-            "--poll-s=0.1"]
+            "--poll-s=0.1", f"--source={task_source.source_spec(cfg.workflow.action_space)}"]
     with open(log_path, "ab") as out, warnings.catch_warnings():
       # The child only calls prctl() between fork and exec (see sglang_launcher).
       warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)

@@ -22,19 +22,42 @@ from bat_jax.io_utils import atomic_write_json, atomic_write_text  # noqa: E402
 PLOTS = ("stage_scores.png", "rewards_kl.png")
 
 
+def standard_error(values: list[float]) -> Optional[float]:
+  """Sample standard deviation / sqrt(n); None for fewer than two values."""
+  if len(values) < 2:
+    return None
+  mean = sum(values) / len(values)
+  return (sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values)) ** 0.5
+
+
 def headline(report: dict[str, Any]) -> dict[str, Any]:
-  """The evaluation numbers the report shows (aggregate scores only)."""
+  """The evaluation numbers the report shows (aggregate scores only).
+
+  `standard_errors` are over the per-track means of the aggregate report (the cells of a track
+  are not exported), i.e. the track is the unit of replication.
+  """
+  tracks = [t for t in report.get("track_scores", {}).values() if t["overall"] is not None]
   return {"overall": report["overall"], "task": report["task_score"],
           "agentic": report["agentic"], "stage_scores": dict(report["stage_scores"]),
-          "failure_categories": dict(report.get("failure_categories", {}))}
+          "failure_categories": dict(report.get("failure_categories", {})),
+          "standard_errors": {
+              "unit": "track", "n": len(tracks),
+              "overall": standard_error([t["overall"] for t in tracks]),
+              "stage_scores": {s: standard_error([t["stage_scores"][s] for t in tracks
+                                                  if t["stage_scores"][s] is not None])
+                               for s in workflow.STAGES}}}
 
 
 def build_report(state: OuterState) -> dict[str, Any]:
   """The JSON report: evaluations in order (sft, round_000, ...), rounds, phase times."""
   names = ["sft"] + [r.candidate for r in state.rounds]
   evaluations = [{"policy": n, **state.evaluations[n]} for n in names if n in state.evaluations]
+  steps = [s for r in state.rounds for s in r.steps]
   return {
       "evaluations": evaluations,
+      "target_before_after": [_target_scores(state, r) for r in state.rounds],
+      "grpo_steps_applied": sum(1 for s in steps if not s.get("no_signal")),
+      "grpo_steps_total": len(steps),
       "sft_validation_nll": state.sft_validation_nll,
       "first_target": (state.rounds[0].target if state.rounds else None),
       "rounds": [{k: v for k, v in dataclasses.asdict(r).items() if k != "steps"}
@@ -49,6 +72,15 @@ def build_report(state: OuterState) -> dict[str, Any]:
   }
 
 
+def _target_scores(state: OuterState, r: Any) -> dict[str, Any]:
+  """Held-out score of the round's target stage on its start policy and on its candidate."""
+  def score(policy: str) -> Optional[float]:
+    e = state.evaluations.get(policy)
+    return None if e is None or r.target not in e["stage_scores"] else e["stage_scores"][r.target]
+  return {"round": r.round, "target": r.target, "start_policy": r.start_policy,
+          "before": score(r.start_policy), "after": score(r.candidate)}
+
+
 def _mean(values: list[float]) -> Optional[float]:
   return sum(values) / len(values) if values else None
 
@@ -57,15 +89,30 @@ def _fmt(x: Optional[float]) -> str:
   return "null" if x is None else f"{x:.3f}"
 
 
+def _pm(x: Optional[float], se: Optional[float]) -> str:
+  return _fmt(x) if se is None or x is None else f"{x:.3f} ± {se:.3f}"
+
+
 def markdown(report: dict[str, Any]) -> str:
-  """Tables: held-out scores per evaluated policy, rounds (target, gate), phase wall times."""
-  lines = ["# BiCuRL run report", "", "## Held-out scores", "",
+  """Tables: held-out scores per evaluated policy (± standard error over tracks), rounds
+  (target, gate, target stage before/after), phase wall times."""
+  lines = ["# BiCuRL run report", "", "## Held-out scores (per stage, over rounds)", "",
+           "Mean over the held-out cells ± standard error over the per-track means.", "",
            "| policy | overall | task | agentic | " + " | ".join(workflow.STAGES) + " |",
            "|---|---:|---:|---:|" + "---:|" * len(workflow.STAGES)]
   for e in report["evaluations"]:
-    lines.append(f"| {e['policy']} | {_fmt(e['overall'])} | {_fmt(e['task'])} | "
+    se = e.get("standard_errors") or {"overall": None, "stage_scores": {}}
+    lines.append(f"| {e['policy']} | {_pm(e['overall'], se['overall'])} | {_fmt(e['task'])} | "
                  f"{_fmt(e['agentic'])} | "
-                 + " | ".join(_fmt(e["stage_scores"][s]) for s in workflow.STAGES) + " |")
+                 + " | ".join(_pm(e["stage_scores"][s], se["stage_scores"].get(s))
+                              for s in workflow.STAGES) + " |")
+  lines += ["", "## Target stage before / after its round", "",
+            "| round | target | before | after |", "|---:|---|---:|---:|"]
+  lines += [f"| {t['round']} | {t['target']} | {_fmt(t['before'])} | {_fmt(t['after'])} |"
+            for t in report.get("target_before_after", [])]
+  lines += ["", f"GRPO steps that applied an update: {report.get('grpo_steps_applied', 0)} of "
+            f"{report.get('grpo_steps_total', 0)} (the others had tied rewards in every group: "
+            "`no_signal`)."]
   lines += ["", "## Rounds", "",
             "| round | target | stage weights | pool mix | start | gate | promoted | healthy | "
             "reward | KL | held because |",

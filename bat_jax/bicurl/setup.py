@@ -42,7 +42,7 @@ def model_type(cfg: ml_collections.ConfigDict) -> str:
 
 # --- tokenizer ---------------------------------------------------------------------------------
 
-def tokenizer_corpus(num_tasks: int, seed: int) -> list[str]:
+def tokenizer_corpus(num_tasks: int, seed: int, action_space: str = "code") -> list[str]:
   """Texts a from-scratch tokenizer is trained on: briefs, expert code and thoughts of
   `num_tasks` training task instances (tracks x outcomes round-robin), plus the chat markup
   samples of `tokenizer.tiny_corpus`."""
@@ -50,8 +50,8 @@ def tokenizer_corpus(num_tasks: int, seed: int) -> list[str]:
   cells = [(t, o) for o in workflow.OUTCOMES for t in workflow.TRACKS]
   for i in range(num_tasks):
     track, outcome = cells[i % len(cells)]
-    instance = tasks.FAMILIES[track].generate(rounds.derive_seed("tokenizer", seed, i) & 0x7FFFFFFF,
-                                              outcome)
+    instance = tasks.generate(track, rounds.derive_seed("tokenizer", seed, i) & 0x7FFFFFFF,
+                              outcome, action_space)
     docs += [tasks.brief_for(instance, focus) for focus in workflow.FOCI]
     for stage in workflow.STAGES:
       for action in tasks.expert_actions(instance, stage):
@@ -66,7 +66,8 @@ def prepare_tokenizer(cfg: ml_collections.ConfigDict, out_dir: Path) -> Path:
   staging = out_dir.with_name(out_dir.name + ".tmp")
   shutil.rmtree(staging, ignore_errors=True)
   if cfg.tokenizer.source == "train":
-    corpus = tokenizer_corpus(cfg.tokenizer.train.corpus_tasks, cfg.seed)
+    corpus = tokenizer_corpus(cfg.tokenizer.train.corpus_tasks, cfg.seed,
+                              cfg.workflow.action_space)
     tokenizer_lib.train_tokenizer(corpus, cfg.tokenizer.train.vocab_size, staging,
                                   chat_family=tokenizer_lib.FAMILY_OF_MODEL_TYPE[model_type(cfg)])
   else:
@@ -128,7 +129,8 @@ def prepare_sft_rows(cfg: ml_collections.ConfigDict, out_dir: Path, markers_path
   if (out_dir / shards.MANIFEST).is_file():
     return out_dir
   states, per_state = sft_states(cfg.sft.num_examples)
-  spec = sft_rows.SftSpec(seed=cfg.stagebank.seed, tasks_per_state=per_state, states=states)
+  spec = sft_rows.SftSpec(seed=cfg.stagebank.seed, tasks_per_state=per_state, states=states,
+                          action_space=cfg.workflow.action_space)
   checker = leakcheck.LeakChecker(load_matcher(markers_path))
   return sft_rows.build_sft_set(out_dir, spec, checker,
                                 sandbox_limits=SandboxLimits(**cfg.sandbox.to_dict()))

@@ -31,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--agent", choices=BUILTIN_AGENTS, default="oracle")
   p.add_argument("--tier", choices=TIERS, default="lite")
+  p.add_argument("--action-space", choices=workflow.ACTION_SPACES, default="code")
   p.add_argument("--out", type=Path, required=True, help="export folder (report.json)")
   p.add_argument("--records", type=Path, default=None,
                  help="evaluator-side per-cell records (default: <out>.records)")
@@ -64,7 +65,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if records == out or records.is_relative_to(out):
     raise SystemExit(f"--records {str(records)!r} must not lie inside the export folder --out")
   settings = EvalSettings(tier=args.tier, seed=args.seed, cells_per_track=args.cells_per_track,
-                          tracks=tracks)
+                          tracks=tracks, action_space=args.action_space)
   options = RunOptions(workers=args.workers, cell_timeout_s=args.cell_timeout_s,
                        keep_workspaces=args.keep_workspaces)
   print(f"evaluating agent {args.agent!r}, tier {args.tier}: {len(settings.cells())} cells, "

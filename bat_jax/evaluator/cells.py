@@ -42,8 +42,10 @@ class Cell:
   outcome: str
   seed: int
   tier: str
+  action_space: str = "code"   # workflow.ACTION_SPACES
 
   def __post_init__(self):
+    workflow.check_action_space(self.action_space)
     if self.track not in workflow.TRACKS:
       raise ValueError(f"Cell.track {self.track!r} is not one of {workflow.TRACKS}")
     if self.outcome not in workflow.OUTCOMES:
@@ -57,11 +59,13 @@ class Cell:
     return f"{self.track}-{self.outcome}-{self.seed}-{self.tier}"
 
   def instance(self) -> TaskInstance:
-    return generators.generate(self.track, self.seed, self.outcome, self.tier)
+    return generators.generate(self.track, self.seed, self.outcome, self.tier,
+                               self.action_space)
 
 
 def make_cells(seed: int, cells_per_track: int, tier: str,
-               tracks: Sequence[str] = workflow.TRACKS) -> tuple[Cell, ...]:
+               tracks: Sequence[str] = workflow.TRACKS,
+               action_space: str = "code") -> tuple[Cell, ...]:
   """`cells_per_track` cells per track, outcomes round-robin, task seeds derived from `seed`."""
   if cells_per_track < 1:
     raise ValueError(f"cells_per_track must be >= 1, got {cells_per_track}")
@@ -70,7 +74,8 @@ def make_cells(seed: int, cells_per_track: int, tier: str,
     for i in range(cells_per_track):
       digest = hashlib.sha256(f"{seed}|{track}|{i}".encode()).digest()
       cells.append(Cell(track=track, outcome=workflow.OUTCOMES[i % len(workflow.OUTCOMES)],
-                        seed=int.from_bytes(digest[:4], "big"), tier=tier))
+                        seed=int.from_bytes(digest[:4], "big"), tier=tier,
+                        action_space=action_space))
   if len(set(cells)) != len(cells):
     raise RuntimeError(f"duplicate cells for evaluator seed {seed}")  # 2^-32 per pair
   return tuple(cells)

@@ -25,11 +25,13 @@ class EvalSettings:
   tracks: tuple[str, ...] = workflow.TRACKS
   limits: cells_lib.EpisodeLimits = cells_lib.EpisodeLimits()
   sandbox_limits: SandboxLimits = SandboxLimits()
+  action_space: str = "code"
 
   @classmethod
   def from_config(cls, cfg: ConfigDict) -> "EvalSettings":
     """From a run config: `evaluator` (tier, seed, cells_per_track), `sandbox` (limits) and
-    `rollout.limits` (turns, tool calls, observation chars: the same as training)."""
+    `rollout.limits` (turns, tool calls, observation chars: the same as training) and
+    `workflow.action_space`."""
     rl = cfg.rollout.limits
     return cls(tier=cfg.evaluator.tier, seed=int(cfg.evaluator.seed),
                cells_per_track=int(cfg.evaluator.cells_per_track),
@@ -37,10 +39,12 @@ class EvalSettings:
                    max_assistant_turns=int(rl.max_assistant_turns),
                    max_tool_calls=int(rl.max_tool_calls),
                    max_observation_chars=int(rl.max_observation_chars)),
-               sandbox_limits=SandboxLimits(**cfg.sandbox.to_dict()))
+               sandbox_limits=SandboxLimits(**cfg.sandbox.to_dict()),
+               action_space=cfg.workflow.action_space)
 
   def cells(self) -> tuple[cells_lib.Cell, ...]:
-    return cells_lib.make_cells(self.seed, self.cells_per_track, self.tier, self.tracks)
+    return cells_lib.make_cells(self.seed, self.cells_per_track, self.tier, self.tracks,
+                                self.action_space)
 
 
 def evaluate(agent: str | AgentFactory, records_dir: Path, *,

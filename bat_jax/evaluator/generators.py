@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 
 from bat_jax import workflow
 from bat_jax.taskkit import FAMILY_TYPES, CaseData, NamePool, SampleContext, TaskInstance
-from bat_jax.taskkit import TrackFamily
+from bat_jax.taskkit import TrackFamily, toolspace
 from bat_jax.taskkit.base import opaque_task_id
 
 TIERS: tuple[str, ...] = ("lite", "standard")
@@ -200,8 +200,18 @@ def _brief(instance: TaskInstance, tier: str, rng: random.Random) -> str:
           "writes them.")
 
 
-def generate(track: str, seed: int, outcome: str, tier: str) -> TaskInstance:
-  """One held-out task, deterministic in (track, seed, outcome, tier)."""
+def _tools_brief(instance: TaskInstance, rng: random.Random) -> str:
+  """The held-out brief of a stage-tools task: own wording around the public facts line."""
+  return (f"{rng.choice(OPENINGS)} Track: {instance.track}. {OBJECTIVES[instance.track]} "
+          f"Study facts: {toolspace.task_facts(instance)}. Complete the study stage by stage "
+          "with the commands under tools/ (documented in the specification); only outputs "
+          "written by commands you run count.")
+
+
+def generate(track: str, seed: int, outcome: str, tier: str,
+             action_space: str = "code") -> TaskInstance:
+  """One held-out task, deterministic in (track, seed, outcome, tier, action_space)."""
+  workflow.check_action_space(action_space)
   if track not in HELDOUT_FAMILIES:
     raise ValueError(f"unknown track {track!r}; expected one of {workflow.TRACKS}")
   if tier not in TIERS:
@@ -217,4 +227,7 @@ def generate(track: str, seed: int, outcome: str, tier: str) -> TaskInstance:
   files[workflow.ARTIFACTS["spec"]] = json.dumps(spec, indent=1, sort_keys=True).encode()
   instance = dataclasses.replace(base, task_id=task_id, files=files)
   rng = random.Random(f"{digest}|{tier}")
+  if action_space == "stage_tools":
+    instance = toolspace.with_stage_tools(instance)
+    return dataclasses.replace(instance, brief=_tools_brief(instance, rng))
   return dataclasses.replace(instance, brief=_brief(instance, tier, rng))

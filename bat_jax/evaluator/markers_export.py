@@ -3,9 +3,10 @@
 The markers are the strings that identify held-out content: task ids, case ids, file and folder
 names, planted-fault subjects, answers (class labels, VQA answers, report impressions and the
 full expected report texts), VQA questions and the evaluator's own brief / objective wording.
-Public contract strings (`workflow.ARTIFACTS` paths and their parts, the model folder's generic
-`card.json` / `runner.py` / `convert.py`) and bare numbers are left out: the training side uses
-them too, so they identify nothing and would only cause false rejections.
+Public contract strings (`workflow.ARTIFACTS` and `workflow.STAGE_TOOL_FILES` paths and their
+parts, the model folder's generic `card.json` / `runner.py` / `convert.py`) and bare numbers are
+left out: the training side uses them too, so they identify nothing and would only cause false
+rejections.
 
 The export is `bat_jax.markers.export_markers` (salted sha256 of NFKC-casefolded alphanumeric
 token n-grams; long texts as all their 8-token windows; markers under 4 characters ignored): the
@@ -31,8 +32,10 @@ MODEL_FOLDER_FILES = ("card.json", "runner.py", "convert.py")
 
 
 def _public_names() -> frozenset[str]:
-  names = set(MODEL_FOLDER_FILES)
-  for rel in workflow.ARTIFACTS.values():
+  # `intensity_scale` is the public preprocessing key every card has (and the subject of every
+  # degenerate_output fault, on both sides): it identifies nothing.
+  names = set(MODEL_FOLDER_FILES) | {"intensity_scale"}
+  for rel in (*workflow.ARTIFACTS.values(), *workflow.STAGE_TOOL_FILES):
     names.add(rel)
     names.update(rel.split("/"))
   return frozenset(names)

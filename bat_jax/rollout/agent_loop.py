@@ -80,7 +80,8 @@ class RolloutItem:
       extra = row["extra_info"]
       recipe = extra["workspace_recipe"]
       if instance is None:
-        instance = tasks.FAMILIES[recipe["track"]].generate(int(recipe["seed"]), recipe["outcome"])
+        instance = tasks.generate(recipe["track"], int(recipe["seed"]), recipe["outcome"],
+                                  recipe.get("action_space", "code"))
       return cls(state_id=str(extra["state_id"]), focus=str(extra["focus_stage"]),
                  pool=str(extra["source_pool"]), messages=tuple(row["prompt"]),
                  instance=instance)

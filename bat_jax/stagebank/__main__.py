@@ -55,6 +55,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
   f.add_argument("--seed", type=int, default=0)
   f.add_argument("--tasks-per-state", type=int, default=1)
   f.add_argument("--markers", type=Path, default=None, help="the evaluator's hashed export")
+  f.add_argument("--action-space", default="code", help="code | stage_tools")
   return parser.parse_args(argv)
 
 
@@ -72,7 +73,8 @@ def _build(args: argparse.Namespace) -> Path:
 def _sft(args: argparse.Namespace) -> Path:
   matcher = build.load_matcher(args.markers, required=args.markers is not None)
   checker = leakcheck.LeakChecker(matcher)
-  spec = sft_rows.SftSpec(seed=args.seed, tasks_per_state=args.tasks_per_state)
+  spec = sft_rows.SftSpec(seed=args.seed, tasks_per_state=args.tasks_per_state,
+                          action_space=args.action_space)
   return sft_rows.build_sft_set(args.out, spec, checker)
 
 

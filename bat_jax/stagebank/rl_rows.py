@@ -32,11 +32,13 @@ class TaskDescription:
     task_id: the training task's id.
     brief: the row's user message: the task brief scoped to the row's focus.
     workspace_sha256: digest of the task's initial workspace files.
+    action_space: the task's action space (`workflow.ACTION_SPACES`).
   """
   generator: str
   task_id: str
   brief: str
   workspace_sha256: str
+  action_space: str = "code"
 
 
 class TaskSource(Protocol):
@@ -96,6 +98,7 @@ def rl_row(slot: RowSlot, task: TaskDescription, *, round_index: int,
               "outcome": slot.outcome,
               "seed": slot.task_seed,
               "boundary_stage": slot.stage,  # E2E: a fresh workspace, as for S1
+              "action_space": task.action_space,
           },
           "provenance": {
               "source": PROVENANCE_SOURCE,

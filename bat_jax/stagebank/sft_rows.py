@@ -111,14 +111,16 @@ class SftSpec:
     seed: base seed.
     tasks_per_state: generated tasks per grid state.
     states: grid states to cover (default: all 126).
+    action_space: the tasks' action space (`workflow.ACTION_SPACES`).
   """
   seed: int = 0
   tasks_per_state: int = 1
   states: tuple[grid.GridState, ...] = grid.SOURCE_GRID
+  action_space: str = "code"
 
   def to_json(self) -> dict[str, Any]:
     return {"seed": self.seed, "tasks_per_state": self.tasks_per_state,
-            "states": [s.key for s in self.states]}
+            "states": [s.key for s in self.states], "action_space": self.action_space}
 
 
 def synthesize(spec: SftSpec, *, sandbox_limits: Any = None) -> Iterator[dict[str, Any]]:
@@ -138,7 +140,7 @@ def synthesize(spec: SftSpec, *, sandbox_limits: Any = None) -> Iterator[dict[st
     states = sorted(states, key=lambda s: workflow.FOCI.index(s.focus))
     for i in range(spec.tasks_per_state):
       task_seed = rounds.derive_seed(SFT_POOL, spec.seed, track, outcome, i) & 0x7FFFFFFF
-      instance = tasks.FAMILIES[track].generate(task_seed, outcome)
+      instance = tasks.generate(track, task_seed, outcome, spec.action_space)
       with tempfile.TemporaryDirectory(prefix="bat-sft-") as tmp:
         for state in states:
           sandbox = tasks.materialize_at(instance, state.focus, Path(tmp) / state.focus, limits,

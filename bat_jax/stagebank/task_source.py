@@ -23,21 +23,34 @@ def files_digest(files: Mapping[str, bytes | str]) -> str:
 
 
 class TasksPackageSource:
-  """Describes rows with `bat_jax.tasks`: `FAMILIES[track].generate(seed, outcome)` and the
+  """Describes rows with `bat_jax.tasks`: `generate(track, seed, outcome, action_space)` and the
   focus-scoped user message `brief_for(instance, focus)`."""
   name = "bat_jax.tasks"
 
-  def __init__(self):
+  def __init__(self, action_space: str = "code"):
     from bat_jax import tasks  # deferred: the bank's CLI imports this module before it is needed
+    from bat_jax import workflow
     self._tasks = tasks
+    self.action_space = workflow.check_action_space(action_space)
 
   def describe(self, track: str, outcome: str, seed: int, focus: str) -> TaskDescription:
     if track not in self._tasks.FAMILIES:
       raise ValueError(f"bat_jax.tasks has no family for track {track!r}")
-    instance = self._tasks.FAMILIES[track].generate(seed, outcome)
+    instance = self._tasks.generate(track, seed, outcome, self.action_space)
     return TaskDescription(generator=f"{self.name}/{track}", task_id=instance.task_id,
                            brief=self._tasks.brief_for(instance, focus),
-                           workspace_sha256=files_digest(instance.files))
+                           workspace_sha256=files_digest(instance.files),
+                           action_space=self.action_space)
+
+
+def stage_tools_source() -> TasksPackageSource:
+  """The training tasks in the `stage_tools` action space (`--source` of the bank's CLI)."""
+  return TasksPackageSource("stage_tools")
+
+
+def source_spec(action_space: str) -> str:
+  """The `--source` factory spec of the bank's CLI for an action space."""
+  return DEFAULT_SOURCE if action_space == "code" else f"{__name__}:stage_tools_source"
 
 
 def load_source_factory(spec: str) -> Callable[[], TaskSource]:
@@ -65,7 +78,8 @@ def instance_for(row: Mapping[str, Any]) -> Any:
   if recipe["generator"] != f"{TasksPackageSource.name}/{recipe['track']}":
     raise ValueError(f"row {info['state_id']}: workspace_recipe generator "
                      f"{recipe['generator']!r} is not a bat_jax.tasks family")
-  instance = tasks.FAMILIES[recipe["track"]].generate(recipe["seed"], recipe["outcome"])
+  instance = tasks.generate(recipe["track"], recipe["seed"], recipe["outcome"],
+                            recipe.get("action_space", "code"))
   digest = files_digest(instance.files)
   if digest != info["provenance"]["source_digest"]:
     raise ValueError(f"row {info['state_id']}: regenerated workspace digest {digest} differs "

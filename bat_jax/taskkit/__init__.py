@@ -4,8 +4,10 @@ Public, content-free machinery that applies the workflow contract: the family pr
 generic workspace builder (`base`), the per-track sampling logic parameterised by a name pool
 and seed stream (`families`), the expert solver (`expert`), stage-boundary workspaces and expert
 episodes (`episodes`), task metrics (`metrics`), and the stdlib code shipped into workspaces
-(`runners/`, `scripts/`, assembled by `sources`). Neither side's vocabulary, seed stream or
-wording lives here: each binds `FAMILY_TYPES[track](names, write_brief)` to its own.
+(`runners/`, `scripts/`, assembled by `sources`), and the `stage_tools` action space
+(`toolspace`: the stage CLIs a workspace ships, the facts line briefs quote, the tool expert).
+Neither side's vocabulary, seed stream or wording lives here: each binds
+`FAMILY_TYPES[track](names, write_brief)` to its own.
 
 Public API:
   NamePool, TaskInstance, TrackFamily, BriefWriter, CaseData, SampleContext, FAMILY_TYPES

@@ -57,6 +57,7 @@ class TaskInstance:
   files: Mapping[str, bytes]
   brief: str
   hidden: Mapping[str, Any]
+  action_space: str = "code"   # workflow.ACTION_SPACES; `taskkit.toolspace.with_stage_tools`
 
   @property
   def spec(self) -> dict:

@@ -154,22 +154,29 @@ _SIBLING = {"from bat_jax.taskkit.scripts.checks import atomic_write_text  # inl
             "from checks import format_pgm, parse_pgm"}
 
 
+def pipeline_sources() -> dict[str, str]:
+  """The pipeline/ files the expert writes in S2 (and the stage tools' `setup` installs):
+  file name -> standalone stdlib source."""
+  return {"checks.py": sources.inline_source(checks) + "\n" + sources.function_sources(
+              _common.parse_pgm, _common.format_pgm),
+          "infer.py": sources.inline_source(infer, rewrite=_SIBLING),
+          "submission.py": sources.inline_source(submission, rewrite=_SIBLING)}
+
+
 def _s2(inst: TaskInstance) -> list[Action]:
   del inst
-  helpers = sources.inline_source(checks) + "\n" + sources.function_sources(
-      _common.parse_pgm, _common.format_pgm)
+  src = pipeline_sources()
   return [
       _act("python", _SETUP_RECORDS, "Record the environment, the weights' format "
            "compatibility and the checkpoint (hash, load result) before writing code."),
-      _act("bash", "mkdir -p pipeline\n" + _heredoc("pipeline/checks.py", helpers) +
+      _act("bash", "mkdir -p pipeline\n" + _heredoc("pipeline/checks.py", src["checks.py"]) +
            "python -m py_compile pipeline/checks.py && echo checks ok\n",
            "Write shared helpers: hashing, receipts, shape and degeneracy checks, diagnosis."),
-      _act("bash", _heredoc(A["pipeline"], sources.inline_source(infer, rewrite=_SIBLING)) +
+      _act("bash", _heredoc(A["pipeline"], src["infer.py"]) +
            _CONFIG + f"python -m py_compile {A['pipeline']} && echo pipeline ok\n",
            "Write the inference pipeline and its config from the model card."),
-      _act("bash", _heredoc("pipeline/submission.py", sources.inline_source(
-          submission, rewrite=_SIBLING)) + "python -m py_compile pipeline/submission.py && "
-           "echo submission writer ok\n",
+      _act("bash", _heredoc("pipeline/submission.py", src["submission.py"]) +
+           "python -m py_compile pipeline/submission.py && echo submission writer ok\n",
            "Write the native-format submission writer/reader for the hand-off.")]
 
 
@@ -332,7 +339,11 @@ _STAGE_ACTIONS = {"S1": _s1, "S2": _s2, "S3": _s3, "S4": _s4, "S5": _s5}
 
 
 def expert_actions(instance: TaskInstance, stage: str) -> list[Action]:
-  """The expert's actions for one stage of `instance` (S1..S5)."""
+  """The expert's actions for one stage of `instance` (S1..S5), in the instance's action
+  space (`code`: written code; `stage_tools`: short tool calls, `bat_jax.taskkit.toolspace`)."""
   if stage not in _STAGE_ACTIONS:
     raise ValueError(f"unknown stage {stage!r}; expected one of {workflow.STAGES}")
+  if instance.action_space == "stage_tools":
+    from bat_jax.taskkit import toolspace  # toolspace imports this module
+    return toolspace.tool_actions(instance, stage)
   return _STAGE_ACTIONS[stage](instance)

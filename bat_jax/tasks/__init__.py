@@ -6,7 +6,8 @@ family instances (`FAMILIES`), its brief wording (`brief_for`) and the expert sw
 and re-exports the machinery so callers keep one import.
 
 Public API (see the contract in workflow.py):
-  FAMILIES[track].generate(seed, outcome) -> TaskInstance
+  FAMILIES[track].generate(seed, outcome) -> TaskInstance   (the `code` action space)
+  generate(track, seed, outcome, action_space) -> TaskInstance   (any action space)
   expert_actions(instance, stage) -> list[Action]
   materialize_at(instance, boundary_stage, root, sandbox_limits) -> Sandbox
   brief_for(instance, focus) -> str
@@ -15,7 +16,8 @@ Public API (see the contract in workflow.py):
 from bat_jax.taskkit import (Action, NamePool, TaskInstance, TrackFamily, expert_actions,
                              expert_episode, materialize_at, run_expert)
 from bat_jax.tasks.briefs import brief_for
-from bat_jax.tasks.families import FAMILIES, TRAIN_NAMES
+from bat_jax.tasks.families import FAMILIES, TRAIN_NAMES, generate
 
 __all__ = ["FAMILIES", "TRAIN_NAMES", "Action", "NamePool", "TaskInstance", "TrackFamily",
-           "brief_for", "expert_actions", "expert_episode", "materialize_at", "run_expert"]
+           "brief_for", "expert_actions", "expert_episode", "generate", "materialize_at",
+           "run_expert"]

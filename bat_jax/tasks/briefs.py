@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 from bat_jax import workflow
+from bat_jax.taskkit import toolspace
 from bat_jax.taskkit.base import TaskInstance
 
 _OPENINGS = ("You are working on a fictional medical-imaging research task.",
@@ -27,15 +28,32 @@ def make_brief(rng: random.Random, track: str, objective: str) -> str:
           "results.")
 
 
+def tools_brief(instance: TaskInstance) -> str:
+  """The E2E user message of a stage-tools task: the facts line and the tools, briefly."""
+  opening = random.Random(instance.task_id).choice(_OPENINGS)
+  return (f"{opening} Track: {instance.track}. {instance.spec['objective']} Facts: "
+          f"{toolspace.task_facts(instance)}. Work through plan, setup, validate, infer and "
+          "submit with the stage tools in tools/ (usage in task/spec.json); an artifact counts "
+          "only if a tool call you run writes it.")
+
+
+def _handoff(focus: str) -> str:
+  done = workflow.STAGES[:workflow.STAGES.index(focus)]
+  return (f"Stages {', '.join(done)} are already done: their artifacts are in the workspace. "
+          if done else "")
+
+
 def brief_for(instance: TaskInstance, focus: str) -> str:
   """The user message of a row: the E2E brief, or a stage-local brief for S1..S5."""
   if focus == workflow.E2E:
     return instance.brief
   if focus not in workflow.STAGE_GOALS:
     raise ValueError(f"unknown focus {focus!r}; expected one of {workflow.FOCI}")
-  done = workflow.STAGES[:workflow.STAGES.index(focus)]
-  handoff = (f"Stages {', '.join(done)} are already done: their artifacts are in the workspace. "
-             if done else "")
+  handoff = _handoff(focus)
+  if instance.action_space == "stage_tools":
+    return (f"Track: {instance.track}. Facts: {toolspace.task_facts(instance)}. {handoff}Do "
+            f"stage {focus} ({workflow.STAGE_NAMES[focus]}) only, with its stage tool: "
+            f"{workflow.STAGE_TOOLS[focus]}.")
   return (f"Track: {instance.track}. {instance.spec['objective']} Read "
           f"{workflow.ARTIFACTS['spec']} first. {handoff}Do stage {focus} "
           f"({workflow.STAGE_NAMES[focus]}) only: {workflow.STAGE_GOALS[focus]}. Every artifact "

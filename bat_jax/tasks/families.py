@@ -7,9 +7,13 @@ wording (`bat_jax.tasks.briefs`). The held-out evaluator binds the same machiner
 
 from __future__ import annotations
 
-from bat_jax.taskkit.base import NamePool, TrackFamily
+import dataclasses
+
+from bat_jax import workflow
+from bat_jax.taskkit import toolspace
+from bat_jax.taskkit.base import NamePool, TaskInstance, TrackFamily
 from bat_jax.taskkit.families import FAMILY_TYPES
-from bat_jax.tasks.briefs import make_brief
+from bat_jax.tasks.briefs import make_brief, tools_brief
 
 TRAIN_NAMES = NamePool(
     salt="train",
@@ -27,3 +31,15 @@ TRAIN_NAMES = NamePool(
 
 FAMILIES: dict[str, TrackFamily] = {
     track: family_type(TRAIN_NAMES, make_brief) for track, family_type in FAMILY_TYPES.items()}
+
+
+def generate(track: str, seed: int, outcome: str, action_space: str = "code") -> TaskInstance:
+  """The training task of (track, seed, outcome) in `action_space` (workflow.ACTION_SPACES)."""
+  workflow.check_action_space(action_space)
+  if track not in FAMILIES:
+    raise ValueError(f"unknown track {track!r}; expected one of {workflow.TRACKS}")
+  instance = FAMILIES[track].generate(seed, outcome)
+  if action_space == "stage_tools":
+    instance = toolspace.with_stage_tools(instance)
+    instance = dataclasses.replace(instance, brief=tools_brief(instance))
+  return instance

@@ -1,0 +1,114 @@
+"""The `stage_tools` action space: the tools a workspace ships, its facts line, its expert.
+
+`with_stage_tools(instance)` turns a generated task into its stage-tools variant: the same data,
+model, planted fault, spec and hidden answers, plus the stage CLIs under tools/ (stdlib code
+assembled from `scripts/stage_tools.py`, `scripts/checks.py`, `scripts/submission.py` and the
+pipeline sources the code expert writes in S2) and their usage in the spec. Both sides (training
+`bat_jax.tasks`, held-out `bat_jax.evaluator.generators`) call it on their own instances, so the
+tools are public machinery and the rubric is unchanged: the tools write the contract's
+artifacts and receipts by executed calls.
+
+`tool_actions(instance, stage)` is the expert in this space: one short call per step, its
+arguments copied from the task facts (`task_facts`) or, for the reactive steps, from what an
+earlier observation names (validate prints `fault=... subject=...`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import shlex
+from typing import Any
+
+from bat_jax import workflow
+from bat_jax.taskkit import expert, sources
+from bat_jax.taskkit.base import TaskInstance
+from bat_jax.taskkit.runners import _common
+from bat_jax.taskkit.scripts import checks, stage_tools, submission
+
+A = workflow.ARTIFACTS
+_ENTRY = "import sys\nfrom kit import main\nsys.exit(main({command!r}, sys.argv[1:]))\n"
+
+
+@functools.cache
+def tool_files() -> dict[str, bytes]:
+  """relpath -> content of every file the stage tools ship (`workflow.STAGE_TOOL_FILES`)."""
+  kit = sources.inline_source(checks, _common.parse_pgm, _common.format_pgm, submission,
+                              stage_tools)
+  files = {f"{workflow.TOOLS_DIR}/kit.py": kit}
+  files.update({f"{workflow.TOOLS_DIR}/{c}.py": _ENTRY.format(command=c)
+                for c in workflow.TOOL_COMMANDS})
+  files.update({f"{workflow.TOOLS_DIR}/lib/{name}": text
+                for name, text in expert.pipeline_sources().items()})
+  if set(files) != set(workflow.STAGE_TOOL_FILES):
+    raise AssertionError(f"tool files {sorted(files)} != {workflow.STAGE_TOOL_FILES}")
+  return {k: v.encode() for k, v in files.items()}
+
+
+def facts(instance: TaskInstance) -> dict[str, Any]:
+  """The values a stage-tools agent needs, all visible in the workspace (no hidden answers)."""
+  spec = instance.spec
+  card = json.loads(instance.files[spec["model"]["card"]])
+  return {"card": spec["model"]["card"], "weights": card["weights"],
+          "data": spec["data"]["dir"], "cases": instance.hidden["n_cases"],
+          "validation": ",".join(spec["validation_case_ids"]),
+          "submission": spec["submission"]["path"]}
+
+
+def task_facts(instance: TaskInstance) -> str:
+  """The facts line briefs quote: `card=... weights=... data=... cases=N validation=...`."""
+  return " ".join(f"{k}={v}" for k, v in facts(instance).items())
+
+
+def with_stage_tools(instance: TaskInstance) -> TaskInstance:
+  """The stage-tools variant of a `code` task (same task; tools + usage added)."""
+  if instance.action_space != "code":
+    raise ValueError(f"{instance.task_id}: already in action space {instance.action_space!r}")
+  spec = dict(instance.spec, stage_tools=dict(workflow.STAGE_TOOLS))
+  files = dict(instance.files)
+  files.update(tool_files())
+  files[A["spec"]] = json.dumps(spec, indent=1, sort_keys=True).encode()
+  return dataclasses.replace(instance, files=files, action_space="stage_tools")
+
+
+def _call(command: str, thought: str, **flags: Any) -> dict[str, Any]:
+  argv = " ".join(f"--{k} {shlex.quote(str(v))}" for k, v in flags.items())
+  return {"name": workflow.TOOL_NAME,
+          "arguments": {"language": "bash", "code": f"python tools/{command}.py {argv}"},
+          "thought": thought}
+
+
+_SHOW_DIAGNOSIS = {"name": workflow.TOOL_NAME,
+                   "arguments": {"language": "bash", "code": f"cat {A['diagnosis']}"},
+                   "thought": "Read what validation diagnosed."}
+
+
+def tool_actions(instance: TaskInstance, stage: str) -> list[dict[str, Any]]:
+  """The expert's tool calls for one stage (S1..S5) of a stage-tools task."""
+  if instance.action_space != "stage_tools":
+    raise ValueError(f"{instance.task_id} is a {instance.action_space!r} task, not stage_tools")
+  f, hidden, outcome = facts(instance), instance.hidden, instance.outcome
+  fault, subject = hidden["fault"], hidden["fault_subject"]
+  if stage == "S1":
+    return [_call("plan", "Plan from the task facts.", weights=f["weights"], data=f["data"],
+                  cases=f["cases"])]
+  if stage == "S2":
+    return [_call("setup", "Set up the model from its card.", card=f["card"])]
+  if stage == "S3":
+    validate = _call("validate", "Validate on the validation cases.", cases=f["validation"])
+    if outcome != "recovery":
+      return [validate]
+    return [validate, _call("fix", "Fix the fault validation named.", fault=fault,
+                            subject=subject),
+            _call("validate", "Validate again after the fix.", cases=f["validation"])]
+  if stage == "S4":
+    if outcome == "failure":
+      return [_SHOW_DIAGNOSIS, _call("infer", "Record the blocker.", blocked=fault)]
+    return [_call("infer", "Infer over every case.", data=f["data"])]
+  if stage == "S5":
+    if outcome == "failure":
+      return [_SHOW_DIAGNOSIS, _call("submit", "Hand off an honest failure report.",
+                                     failed=fault, subject=subject)]
+    return [_call("submit", "Submit in the native format.", to=f["submission"])]
+  raise ValueError(f"unknown stage {stage!r}; expected one of {workflow.STAGES}")

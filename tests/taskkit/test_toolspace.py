@@ -1,0 +1,149 @@
+"""The `stage_tools` action space in the real sandbox: the expert scores 1.0 on every training
+and held-out cell, a null agent 0, and wrongly grounded calls fail or earn what the rubric
+rejects."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bat_jax import rubric, workflow
+from bat_jax.evaluator import generators
+from bat_jax.evaluator.agents import NullAgent, OracleAgent
+from bat_jax.evaluator.cells import Cell
+from bat_jax.evaluator.episode import run_cell
+from bat_jax.sandbox import SandboxLimits
+from bat_jax.taskkit import expert_actions, expert_episode, materialize_at, toolspace
+from bat_jax import tasks
+
+CELLS = [(t, o) for t in workflow.TRACKS for o in workflow.OUTCOMES]
+LIMITS = SandboxLimits(wall_s=60.0)
+
+
+def _run(sandbox, code: str):
+  return sandbox.execute("bash", code)
+
+
+def _score(inst, focus, sandbox):
+  return rubric.score(inst, focus, sandbox.workspace, sandbox.evidence)
+
+
+def test_actions_are_short_grounded_tool_calls():
+  inst = tasks.generate("classification", 5, "recovery", "stage_tools")
+  facts = toolspace.facts(inst)
+  calls = [a["arguments"]["code"] for s in workflow.STAGES for a in expert_actions(inst, s)]
+  assert all(c.startswith("python tools/") and len(c) < 160 for c in calls), calls
+  assert facts["weights"] in calls[0] and facts["card"] in calls[1]
+  fix = calls[3]
+  assert inst.hidden["fault"] in fix and str(inst.hidden["fault_subject"]) in fix
+  assert toolspace.task_facts(inst) in inst.brief and "tools/" in inst.brief
+  assert set(workflow.STAGE_TOOL_FILES) <= set(inst.files)
+  assert inst.spec["stage_tools"] == dict(workflow.STAGE_TOOLS)
+  code_task = tasks.generate("classification", 5, "recovery")
+  assert code_task.action_space == "code" and not set(workflow.STAGE_TOOL_FILES) & set(
+      code_task.files)
+  with pytest.raises(ValueError, match="action space"):
+    tasks.generate("classification", 5, "recovery", "gui")
+
+
+# The default suite runs one cell per track (outcomes rotating); the slow run every cell.
+ONE_PER_TRACK = [(t, workflow.OUTCOMES[i % 3]) for i, t in enumerate(workflow.TRACKS)]
+_CELL_PARAMS = [pytest.param(t, o, marks=() if (t, o) in ONE_PER_TRACK else pytest.mark.slow)
+                for t, o in CELLS]
+
+
+@pytest.mark.parametrize("track,outcome", _CELL_PARAMS)
+def test_expert_and_null_on_every_training_and_heldout_cell(require_bwrap, tmp_path, track,
+                                                            outcome):
+  train = tasks.generate(track, 11, outcome, "stage_tools")
+  ep = expert_episode(train, workflow.E2E, tmp_path / "train", LIMITS)
+  assert ep.result.reward == 1.0, ep.result
+  cell = Cell(track, outcome, seed=4242, tier="lite", action_space="stage_tools")
+  oracle = run_cell(cell, OracleAgent, tmp_path / "oracle", sandbox_limits=LIMITS)
+  assert oracle["valid"] and oracle["overall"] == 1.0, oracle
+  null = run_cell(cell, NullAgent, tmp_path / "null", sandbox_limits=LIMITS)
+  assert null["valid"] and null["overall"] == 0.0 and null["agentic"] == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("track,outcome", CELLS)
+def test_expert_on_every_stage_boundary(require_bwrap, tmp_path, track, outcome):
+  for seed in range(3):
+    inst = tasks.generate(track, 300 + seed, outcome, "stage_tools")
+    for focus in workflow.FOCI:
+      ep = expert_episode(inst, focus, tmp_path / f"{seed}{focus}", LIMITS,
+                          cache_dir=tmp_path / f"c{seed}")
+      assert ep.result.reward == 1.0, (seed, focus, ep.result)
+
+
+def test_train_and_heldout_differ_but_share_the_tools():
+  train = tasks.generate("vqa", 3, "recovery", "stage_tools")
+  held = generators.generate("vqa", 3, "recovery", "lite", "stage_tools")
+  for rel in workflow.STAGE_TOOL_FILES:
+    assert train.files[rel] == held.files[rel]
+  tf, hf = toolspace.facts(train), toolspace.facts(held)
+  assert all(tf[k] != hf[k] for k in ("card", "weights", "data", "submission"))
+  assert train.brief.split("Facts:")[0] != held.brief.split("facts:")[0]
+  assert train.task_id != held.task_id and held.task_id.startswith("ho-")
+
+
+def test_wrong_grounding_fails_or_is_rejected(require_bwrap, tmp_path):
+  inst = tasks.generate("segmentation", 8, "success", "stage_tools")
+  f = toolspace.facts(inst)
+  # S1: a wrong case count still writes a plan, but its resources are not grounded.
+  sb = materialize_at(inst, "S1", tmp_path / "s1", LIMITS)
+  res = _run(sb, f"python tools/plan.py --weights {f['weights']} --data {f['data']} "
+                 f"--cases {f['cases'] + 3}")
+  assert res.exit_code == 0
+  items = _score(inst, "S1", sb).stage_items["S1"]
+  assert items["plan_written"] and not items["resources_grounded"]
+  # S2: a card path that is not the card fails and leaves no evidence.
+  sb = materialize_at(inst, "S2", tmp_path / "s2", LIMITS)
+  assert _run(sb, "python tools/setup.py --card models/nope/card.json").exit_code == 1
+  assert _score(inst, "S2", sb).stage_scores["S2"] is None
+  # S3: an id outside the index fails.
+  sb = materialize_at(inst, "S3", tmp_path / "s3", LIMITS)
+  assert _run(sb, "python tools/validate.py --cases nope-1").exit_code == 1
+  assert _score(inst, "S3", sb).stage_scores["S3"] is None
+  # S4: another data folder fails.
+  sb = materialize_at(inst, "S4", tmp_path / "s4", LIMITS)
+  assert _run(sb, "python tools/infer.py --data data/elsewhere").exit_code == 1
+  # S5: a submission written elsewhere under submission/ is not the native one.
+  sb = materialize_at(inst, "S5", tmp_path / "s5", LIMITS)
+  assert _run(sb, "python tools/submit.py --to submission/other.csv").exit_code == 0
+  items = _score(inst, "S5", sb).stage_items["S5"]
+  assert not items["submission_native_schema"] and not items["submission_complete"]
+
+
+def test_reactive_fix_must_name_the_observed_fault(require_bwrap, tmp_path):
+  inst = next(i for i in (tasks.generate("classification", s, "recovery", "stage_tools")
+                          for s in range(60)) if i.hidden["fault"] == "corrupted_case")
+  ids = toolspace.facts(inst)["validation"]
+  sb = materialize_at(inst, "S3", tmp_path / "ok", LIMITS)
+  first = _run(sb, f"python tools/validate.py --cases {ids}")
+  assert f"fault=corrupted_case subject={inst.hidden['fault_subject']}" in first.observation
+  # Excluding another (valid) case is applied as told, and the rubric rejects it.
+  other = next(c for c in inst.hidden["case_ids"] if c != inst.hidden["fault_subject"])
+  sb = materialize_at(inst, "S3", tmp_path / "wrong", LIMITS)
+  _run(sb, f"python tools/validate.py --cases {ids}")
+  assert _run(sb, f"python tools/fix.py --fault corrupted_case --subject {other}").exit_code == 0
+  _run(sb, f"python tools/validate.py --cases {ids}")
+  items = _score(inst, "S3", sb).stage_items["S3"]
+  assert items["failure_diagnosed"] and not items["correction_executed"]
+  assert not items["corrected_result_verified"]
+  # A fault that cannot be fixed here is refused.
+  assert _run(sb, "python tools/fix.py --fault missing_dependency --subject x").exit_code == 1
+
+
+def test_receipts_still_need_executed_writes(require_bwrap, tmp_path):
+  """A stage tool's receipt is void once a file it names is edited afterwards."""
+  inst = tasks.generate("detection", 2, "success", "stage_tools")
+  sb = materialize_at(inst, "S5", tmp_path / "s5", LIMITS)
+  for a in expert_actions(inst, "S5"):
+    assert _run(sb, a["arguments"]["code"]).exit_code == 0
+  assert _score(inst, "S5", sb).reward == 1.0
+  target = Path(sb.workspace) / toolspace.facts(inst)["submission"]
+  target.write_text(target.read_text() + "\n")  # outside any executed call
+  assert _score(inst, "S5", sb).reward < 1.0
+  assert json.loads((Path(sb.workspace) / workflow.ARTIFACTS["spec"]).read_text())[
+      "stage_tools"]["S5"] == workflow.STAGE_TOOLS["S5"]
