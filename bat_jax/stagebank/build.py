@@ -95,33 +95,40 @@ def publish(bank: Path, built: BuiltRound, *, source_name: str) -> Path:
   })
 
 
-def load_matcher(path: Path | None, *, required: bool = True) -> markers.MarkerMatcher:
+def load_matcher(path: Path | None, *, allow_no_markers: bool = False) -> markers.MarkerMatcher:
   """The marker matcher from an evaluator export file.
 
-  A missing file is an error when `required` (an explicitly named export: fail closed), else an
-  empty matcher with a warning (the receipt then records marker_count=0).
+  Fails closed: a missing export is an error unless `allow_no_markers` (an explicit development
+  flag, `--allow-no-markers`), which gives an empty matcher and a receipt that records it.
   """
   if path is None or not Path(path).is_file():
-    if required:
-      raise FileNotFoundError(f"held-out marker export {path} does not exist")
+    if not allow_no_markers:
+      raise FileNotFoundError(
+          f"held-out marker export {path} does not exist: the leak pre-check fails closed "
+          "(pass --allow-no-markers for a development build without held-out markers)")
     logging.warning("no held-out marker export at %s: leak check runs without markers "
-                    "(the receipt records marker_count=0)", path)
+                    "(--allow-no-markers; the receipt records it)", path)
     return markers.MarkerMatcher(markers.empty_export())
   try:
-    export = json.loads(Path(path).read_text())
-  except json.JSONDecodeError as e:
+    export = json.loads(Path(path).read_bytes())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ValueError(f"marker export {path} is not valid JSON: {e}") from None
-  return markers.MarkerMatcher(export)
+  if not isinstance(export, dict):
+    raise ValueError(f"marker export {path} is not a JSON object")
+  try:
+    return markers.MarkerMatcher(export)
+  except (ValueError, TypeError, AttributeError) as e:
+    raise ValueError(f"marker export {path}: {e}") from None
 
 
 def build_and_publish(bank: Path, spec: rounds.RoundSpec, source: rl_rows.TaskSource, *,
-                      markers_path: Path | None = None, workers: int = 1) -> Path:
-  """build_round + publish. Markers: `markers_path` (must exist), else `BANK/markers.json` if
-  present."""
+                      markers_path: Path | None = None, workers: int = 1,
+                      allow_no_markers: bool = False) -> Path:
+  """build_round + publish. Markers: `markers_path`, else `BANK/markers.json`; one of them must
+  exist unless `allow_no_markers`."""
   bank = Path(bank)
-  if markers_path is not None:
-    matcher = load_matcher(markers_path)
-  else:
-    matcher = load_matcher(bank / MARKERS_FILE, required=False)
-  built = build_round(spec, source, leakcheck.LeakChecker(matcher), workers=workers)
+  matcher = load_matcher(bank / MARKERS_FILE if markers_path is None else markers_path,
+                         allow_no_markers=allow_no_markers)
+  checker = leakcheck.LeakChecker(matcher, allow_no_markers=allow_no_markers)
+  built = build_round(spec, source, checker, workers=workers)
   return publish(bank, built, source_name=source.name)

@@ -83,6 +83,7 @@ class LeakReceipt:
   marker_export_digest: str
   marker_count: int
   samples: tuple[LeakFinding, ...]
+  allow_no_markers: bool = False
 
   @property
   def passed(self) -> bool:
@@ -96,6 +97,7 @@ class LeakReceipt:
         "rejections_by_reason": dict(self.rejections_by_reason),
         "marker_export_digest": self.marker_export_digest,
         "marker_count": self.marker_count,
+        "allow_no_markers": self.allow_no_markers,
         "samples": [dataclasses.asdict(f) for f in self.samples],
     }
 
@@ -126,9 +128,13 @@ def _is_true_flag(value: Any) -> bool:
 class LeakChecker:
   """Checks rows against the four leak reasons; memoises per-string results across a round."""
 
-  def __init__(self, matcher: MarkerMatcher, *,
+  def __init__(self, matcher: MarkerMatcher, *, allow_no_markers: bool = False,
                sandbox_paths: Iterable[str] = SANDBOX_PATHS):
+    if matcher.marker_count == 0 and not allow_no_markers:
+      raise ValueError("the held-out marker export holds no markers: the leak pre-check fails "
+                       "closed (allow_no_markers / --allow-no-markers for development builds)")
     self.matcher = matcher
+    self.allow_no_markers = bool(allow_no_markers)
     self._sandbox_paths = tuple(sandbox_paths)
     self._path_memo: dict[str, tuple[str, ...]] = {}
 
@@ -199,4 +205,5 @@ class LeakChecker:
     return LeakReceipt(rows_checked=checked, rows_rejected=rejected,
                        rejections_by_reason={r: by_reason[r] for r in REASONS},
                        marker_export_digest=self.matcher.digest,
-                       marker_count=self.matcher.marker_count, samples=tuple(samples))
+                       marker_count=self.matcher.marker_count, samples=tuple(samples),
+                       allow_no_markers=self.allow_no_markers)
