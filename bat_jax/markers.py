@@ -47,9 +47,11 @@ from typing import Any, Iterable, Iterator, Mapping
 SCHEME = "bat_jax.markers/v2"
 MIN_MARKER_CHARS = 4
 DEFAULT_WINDOW = 8
-SQUASH_MIN = 6   # squashed markers at least this long are found glued into any text
+SQUASH_MIN = 5   # squashed markers at least this long are found glued into any text
 SQUASH_MAX = 80  # longer ones (report text) are found by token windows and n-gram groups
 GRAM_N = 4
+JUNCTION_SPAN = 2  # a string value is joined with each of the next two (see `find`)
+JUNCTION_CHARS = 48  # squashed chars before a boundary that a split marker may start within
 GRAM_HITS = 2
 _TOKEN_RE = re.compile(r"[^\W_]+")
 _JOIN = "\x1f"
@@ -61,19 +63,28 @@ _CONFUSABLES = str.maketrans({
     "ѕ": "s", "ԁ": "d", "ԛ": "q", "ԝ": "w", "һ": "h", "ӏ": "l", "ь": "b", "г": "r", "ᴄ": "c",
     "α": "a", "β": "b", "γ": "y", "ε": "e", "η": "n", "ι": "i", "κ": "k", "μ": "u", "ν": "v",
     "ο": "o", "ρ": "p", "ς": "s", "τ": "t", "υ": "u", "χ": "x", "ω": "w", "ı": "i", "օ": "o",
-    "ս": "u", "ք": "p", "ɡ": "g", "ɑ": "a", "ⅰ": "i", "ℓ": "l"})
-_B64_RE = re.compile(r"[A-Za-z0-9+/_\-]{12,}={0,2}")
+    "ս": "u", "ք": "p", "ɡ": "g", "ɑ": "a", "ⅰ": "i", "ℓ": "l",
+    # Upper case first: casefold would turn Greek "Μ" (an M look-alike) into "μ" (a u one).
+    "Α": "a", "Β": "b", "Ε": "e", "Ζ": "z", "Η": "h", "Ι": "i", "Κ": "k", "Μ": "m", "Ν": "n",
+    "Ο": "o", "Ρ": "p", "Τ": "t", "Υ": "y", "Χ": "x", "А": "a", "В": "b", "Е": "e", "К": "k",
+    "М": "m", "Н": "h", "О": "o", "Р": "p", "С": "c", "Т": "t", "У": "y", "Х": "x", "Ѕ": "s",
+    "І": "i", "Ј": "j"})
+_B64_RE = re.compile(r"[A-Za-z0-9+/_\-]{8,}={0,2}")
 _HEX_RE = re.compile(r"(?:[0-9A-Fa-f]{2}){6,}")
 _MAX_DECODE_DEPTH = 2
+# All-hex squashed forms (numbers, hex ids) occur by chance inside every digest: they are matched
+# on token boundaries only, never glued into other text.
+_HEXISH_RE = re.compile(r"[0-9a-f]+")
 
 
 def normalize_text(text: str) -> str:
   """The normal form every hash is built from (see the module docstring, step 1)."""
-  if not text.isascii():
-    text = unicodedata.normalize("NFKD", text)
-    text = "".join(c for c in text if unicodedata.category(c) not in _DROP_CATEGORIES)
-    text = unicodedata.normalize("NFKC", text)
-  return text.casefold().translate(_CONFUSABLES)
+  if text.isascii():
+    return text.casefold()
+  text = unicodedata.normalize("NFKD", text)
+  text = "".join(c for c in text if unicodedata.category(c) not in _DROP_CATEGORIES)
+  text = unicodedata.normalize("NFKC", text)
+  return text.translate(_CONFUSABLES).casefold().translate(_CONFUSABLES)
 
 
 def normalize_tokens(text: str) -> tuple[str, ...]:
@@ -123,7 +134,7 @@ class _ExportTables:
       for j in range(len(tokens) - n + 1):
         grams.add(_hash_tokens(self.base, tokens[j:j + n]))
       squashed = "".join(tokens)
-      if SQUASH_MIN <= len(squashed) <= SQUASH_MAX:
+      if SQUASH_MIN <= len(squashed) <= SQUASH_MAX and not _HEXISH_RE.fullmatch(squashed):
         self.squash.setdefault(len(squashed), set()).add(_hash_tokens(self.base, [squashed]))
         anchor = _hash_tokens(self.base, [squashed[:SQUASH_MIN]])
         self.anchors.setdefault(anchor, set()).add(len(squashed))
@@ -339,7 +350,7 @@ class MarkerMatcher:
     edge = self._edge
     result = _TextScan(tuple(hits), frozenset(grams),
                        head=(tokens[:edge], squashed[:SQUASH_MAX - 1]),
-                       tail=(tokens[-edge:] if edge else (), squashed[-(SQUASH_MAX - 1):]))
+                       tail=(tokens[-edge:] if edge else (), squashed[-JUNCTION_CHARS:]))
     if len(self._memo) < _MEMO_LIMIT:
       self._memo[text] = result
     return result
@@ -349,43 +360,58 @@ class MarkerMatcher:
     return tuple((n, d) for _, n, d in self._scan(text).hits)
 
   def _junction(self, tail, head) -> tuple[tuple[str, int, str], ...]:
-    """Hits that straddle the boundary of two consecutive strings (tail of one, head of next)."""
+    """Hits that straddle the boundary of two strings (the tail of one, the head of the next):
+    only n-grams and squashed windows that start before the boundary and end after it."""
     key = (tail, head)
     cached = self._junction_memo.get(key)
     if cached is not None:
       return cached
     hits: list = []
-    tokens = tail[0] + head[0]
-    self._token_hits(tokens, hits)
-    squashed = tail[1] + head[1]
-    self._squash_hits(squashed, range(max(0, len(tail[1]) - SQUASH_MAX + 1),
-                                      len(tail[1])), hits)
-    grams = self._grams(tokens)
-    result = tuple(hits) + tuple(("gram", 0, g) for g in grams)
+    tokens, cut = tail[0] + head[0], len(tail[0])
+    for n in self._lengths:
+      table = self._hashes[n]
+      for j in range(max(0, cut - n + 1), min(cut, len(tokens) - n + 1)):
+        d = _hash_tokens(self._base, tokens[j:j + n])
+        if d in table:
+          hits.append(("tokens", n, d))
+    squashed = tail[1][-JUNCTION_CHARS:] + head[1]
+    self._squash_hits(squashed, range(max(0, len(squashed) - len(head[1]) - JUNCTION_CHARS),
+                                      len(squashed) - len(head[1])), hits)
+    if self._gram_groups:
+      for j in range(max(0, cut - GRAM_N + 1), min(cut, len(tokens) - GRAM_N + 1)):
+        d = _hash_tokens(self._base, tokens[j:j + GRAM_N])
+        if d in self._gram_groups:
+          hits.append(("gram", 0, d))
+    result = tuple(hits)
     if len(self._junction_memo) < _MEMO_LIMIT:
       self._junction_memo[key] = result
     return result
 
   def find(self, obj: Any) -> list[MarkerHit]:
-    """All marker hits in `obj`: every key and value, across consecutive strings, n-grams."""
+    """All marker hits in `obj`: every key and value, across nearby string values, n-grams.
+
+    A split marker is looked for across each string value and the next `JUNCTION_SPAN` values
+    (so a role or flag between two message halves does not hide it)."""
     leaves: list[tuple[str, bool, str]] = []
     _leaves(obj, "$", leaves)
     hits: list[MarkerHit] = []
     gram_paths: dict[str, set[str]] = {}
-    previous = None
+    recent: list[tuple[str, _TextScan]] = []
     for path, in_key, text in leaves:
       scan = self._scan(text)
       hits.extend(MarkerHit(path, in_key, n, d, kind) for kind, n, d in scan.hits)
       for g in scan.grams:
         gram_paths.setdefault(g, set()).add(path)
-      if previous is not None:
-        where = f"{previous[0]} + {path}"
-        for kind, n, d in self._junction(previous[1].tail, scan.head):
+      if in_key:
+        continue
+      for prev_path, prev in recent:
+        where = f"{prev_path} + {path}"
+        for kind, n, d in self._junction(prev.tail, scan.head):
           if kind == "gram":
             gram_paths.setdefault(d, set()).add(where)
           else:
-            hits.append(MarkerHit(where, in_key, n, d, kind))
-      previous = (path, scan)
+            hits.append(MarkerHit(where, False, n, d, kind))
+      recent = (recent + [(path, scan)])[-JUNCTION_SPAN:]
     hits.extend(self._group_hits(gram_paths))
     return hits
 
