@@ -15,8 +15,9 @@ A row is bad when it holds, anywhere in its nested keys and values:
 - `reuse_flag`: a field whose name contains "reuse" with any value other than false / 0 / null /
   "false" / "no" / "".
 
-The receipt records rows checked, rejections by reason and the digest of the marker export, and
-never plaintext markers.
+The receipt records rows checked, rejections by reason, the digest of the marker export and, per
+pool, the sha256 of the checked rows' canonical encodings (`rows_sha256`: the reader rechecks it
+against the shards), and never plaintext markers.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import re
 from typing import Any, Iterable, Mapping
 
 from bat_jax.markers import MarkerMatcher
+from bat_jax.stagebank import shards
 
 REASONS: tuple[str, ...] = ("forbidden_field", "absolute_path", "heldout_marker", "reuse_flag")
 FORBIDDEN_FIELDS: tuple[str, ...] = (
@@ -84,6 +86,7 @@ class LeakReceipt:
   marker_count: int
   samples: tuple[LeakFinding, ...]
   allow_no_markers: bool = False
+  rows_sha256: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
   @property
   def passed(self) -> bool:
@@ -98,6 +101,7 @@ class LeakReceipt:
         "marker_export_digest": self.marker_export_digest,
         "marker_count": self.marker_count,
         "allow_no_markers": self.allow_no_markers,
+        "rows_sha256": dict(self.rows_sha256),
         "samples": [dataclasses.asdict(f) for f in self.samples],
     }
 
@@ -194,8 +198,10 @@ class LeakChecker:
     by_reason = collections.Counter({r: 0 for r in REASONS})
     samples: list[LeakFinding] = []
     checked = rejected = 0
+    records: dict[str, list[bytes]] = {}
     for index, (pool, row) in enumerate(rows):
       checked += 1
+      records.setdefault(pool, []).append(shards.encode_row(row))
       findings = self.check_row(row, index=index, pool=pool)
       if findings:
         rejected += 1
@@ -206,4 +212,5 @@ class LeakChecker:
                        rejections_by_reason={r: by_reason[r] for r in REASONS},
                        marker_export_digest=self.matcher.digest,
                        marker_count=self.matcher.marker_count, samples=tuple(samples),
-                       allow_no_markers=self.allow_no_markers)
+                       allow_no_markers=self.allow_no_markers,
+                       rows_sha256={p: shards.rows_digest(r) for p, r in records.items()})
