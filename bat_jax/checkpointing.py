@@ -158,8 +158,8 @@ class Checkpointer:
       return self._restore_step(template, step)
     candidates = self.intact_steps()[::-1]
     if not candidates:
-      raise FileNotFoundError(f"no intact committed checkpoint under {self.directory} "
-                              f"(have {self.all_steps()})")
+      raise FileNotFoundError(f"no committed checkpoint step None under {self.directory} "
+                              f"(no intact step; have {self.all_steps()})")
     failures = []
     for candidate in candidates:
       try:
