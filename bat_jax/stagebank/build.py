@@ -15,6 +15,7 @@ from bat_jax.stagebank import leakcheck
 from bat_jax.stagebank import rl_rows
 from bat_jax.stagebank import rounds
 from bat_jax.stagebank import shards
+from bat_jax.stagebank import task_source
 
 BUILDER_VERSION = "bat_jax.stagebank/1"
 MARKERS_FILE = "markers.json"  # default place of the evaluator's hashed export in a bank
@@ -30,15 +31,48 @@ class BuiltRound:
 
 
 _worker_source: rl_rows.TaskSource | None = None
+_worker_checker: leakcheck.LeakChecker | None = None
 
 
-def _init_worker(source: rl_rows.TaskSource) -> None:
-  global _worker_source
-  _worker_source = source
+def _init_worker(source: rl_rows.TaskSource, checker: leakcheck.LeakChecker | None = None) -> None:
+  global _worker_source, _worker_checker
+  _worker_source, _worker_checker = source, checker
 
 
 def _describe_in_worker(key: tuple[str, str, int, str]) -> rl_rows.TaskDescription:
   return _worker_source.describe(*key)
+
+
+def workspace_findings(checker: leakcheck.LeakChecker, row: Mapping[str, Any], index: int,
+                       pool: str) -> list[leakcheck.LeakFinding]:
+  """Markers in the workspace an RL row resets to (regenerated from its recipe, digest checked);
+  rows of other task sources carry no regenerable workspace and give none."""
+  recipe = row["extra_info"]["workspace_recipe"]
+  if recipe["generator"] != f"{task_source.TasksPackageSource.name}/{recipe['track']}":
+    return []
+  instance = task_source.instance_for(row)
+  return checker.check_workspace(instance.files, index=index, pool=pool)
+
+
+def _workspace_in_worker(job: tuple[dict, int, str]) -> list[leakcheck.LeakFinding]:
+  return workspace_findings(_worker_checker, *job)
+
+
+def scan_workspaces(checker: leakcheck.LeakChecker, pools: Mapping[str, Sequence[Any]], *,
+                    workers: int = 1) -> list[leakcheck.LeakFinding]:
+  """`workspace_findings` of every row of a round (row indices as in its leak receipt)."""
+  jobs, index = [], 0
+  for pool, rows in pools.items():
+    for row in rows:
+      jobs.append((row, index, pool))
+      index += 1
+  if workers <= 1 or len(jobs) < 2 * workers:
+    return [f for job in jobs for f in workspace_findings(checker, *job)]
+  chunk = max(1, len(jobs) // (8 * workers))
+  with concurrent.futures.ProcessPoolExecutor(workers, initializer=_init_worker,
+                                              initargs=(None, checker)) as executor:
+    return [f for found in executor.map(_workspace_in_worker, jobs, chunksize=chunk)
+            for f in found]
 
 
 def describe_all(source: rl_rows.TaskSource, slots: Sequence[rounds.RowSlot], *,
@@ -76,6 +110,14 @@ def build_round(spec: rounds.RoundSpec, source: rl_rows.TaskSource,
     pools[slot.pool].append(rl_rows.rl_row(slot, task, round_index=spec.round_index,
                                            round_target=round_target))
   receipt = checker.check_rows((pool, row) for pool, rows in pools.items() for row in rows)
+  if receipt.passed:
+    in_workspaces = scan_workspaces(checker, pools, workers=workers)
+    if in_workspaces:
+      receipt = dataclasses.replace(
+          receipt, rows_rejected=len({f.row for f in in_workspaces}),
+          rejections_by_reason={**receipt.rejections_by_reason,
+                                "heldout_marker": len({f.row for f in in_workspaces})},
+          samples=tuple(in_workspaces[:20]))
   if not receipt.passed:
     raise leakcheck.RoundRejected(receipt)
   return BuiltRound(spec, pools, rounds.batch_composition(spec.weights.pool_mix,

@@ -193,6 +193,23 @@ class LeakChecker:
       add("heldout_marker", hit.path, f"sha256:{hit.digest[:12]}")
     return findings
 
+  def check_workspace(self, files: Mapping[str, bytes | str], *, index: int = 0,
+                      pool: str = "") -> list[LeakFinding]:
+    """Held-out markers in the files a row's workspace resets to: every file name, and the
+    content of every file that is UTF-8 text (binary content is not text a policy reads)."""
+    findings = []
+    for rel in sorted(files):
+      content = files[rel]
+      if isinstance(content, bytes):
+        try:
+          content = content.decode("utf-8")
+        except UnicodeDecodeError:
+          content = ""
+      for hit in self.matcher.find({rel: content}):
+        findings.append(LeakFinding(index, pool, "heldout_marker", f"workspace:{rel}",
+                                    f"sha256:{hit.digest[:12]}"))
+    return findings
+
   def check_rows(self, rows: Iterable[tuple[str, Any]]) -> LeakReceipt:
     """Checks (pool, row) pairs; the receipt's `passed` is False if any row was bad."""
     by_reason = collections.Counter({r: 0 for r in REASONS})
