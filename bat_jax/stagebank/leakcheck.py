@@ -41,6 +41,7 @@ SANDBOX_PATHS: tuple[str, ...] = (
     "/lib", "/lib64", "/sbin")
 _FALSE_STRINGS = frozenset({"", "false", "no", "0", "none", "null"})
 _MAX_SAMPLES = 20
+WORKSPACE_TEXT_BYTES = 64 * 1024
 
 # A `/`-rooted path that starts a token: at the start, or after whitespace, a quote or one of
 # `=:([{,;<>|`. So "and/or", "1/2", "models/*/card.json", "${d}/x" and URLs are not host paths.
@@ -196,11 +197,14 @@ class LeakChecker:
   def check_workspace(self, files: Mapping[str, bytes | str], *, index: int = 0,
                       pool: str = "") -> list[LeakFinding]:
     """Held-out markers in the files a row's workspace resets to: every file name, and the
-    content of every file that is UTF-8 text (binary content is not text a policy reads)."""
+    content of every UTF-8 text file up to `WORKSPACE_TEXT_BYTES` (briefs, specs, indexes,
+    scripts; not image rasters or binaries, where a marker is no text a policy reads)."""
     findings = []
     for rel in sorted(files):
       content = files[rel]
-      if isinstance(content, bytes):
+      if len(content) > WORKSPACE_TEXT_BYTES:
+        content = ""
+      elif isinstance(content, bytes):
         try:
           content = content.decode("utf-8")
         except UnicodeDecodeError:
