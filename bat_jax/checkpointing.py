@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
+import logging
 import os
 import shutil
 import tempfile
@@ -29,6 +31,9 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from bat_jax import io_utils
+
+log = logging.getLogger(__name__)
+_ITEMS = ("state", "data", "outer")  # the Composite items of every saved step
 
 JsonLike = Union[dict, list, str, int, float, bool, None]
 _BYTES_KEY = "__base64_bytes__"
@@ -94,29 +99,87 @@ class Checkpointer:
                               outer=ocp.args.JsonSave({"value": outer_state}))
     return self._manager.save(step, args=args, force=force)
 
+  def step_problem(self, step: int) -> Optional[str]:
+    """Why `step` is not an intact checkpoint (an empty or half-copied directory), or None.
+
+    A cheap structural check: the commit markers and metadata of the step and of each item are
+    present and their JSON parses. Truncated array data is caught by `restore`'s fallback.
+    """
+    step_dir = self.directory / str(step)
+    required = ["commit_success.txt", "_CHECKPOINT_METADATA", "state/_METADATA",
+                "state/manifest.ocdbt", "data/metadata", "outer/metadata"]
+    required += [f"{item}/commit_success.txt" for item in _ITEMS]
+    for rel in required:
+      path = step_dir / rel
+      if path.is_symlink() or not path.is_file():
+        return f"{path} is missing"
+    for rel in ("_CHECKPOINT_METADATA", "state/_METADATA", "data/metadata", "outer/metadata"):
+      try:
+        json.loads((step_dir / rel).read_bytes())
+      except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return f"{step_dir / rel} is not valid JSON ({e})"
+    return None
+
+  def intact_steps(self) -> list[int]:
+    """Committed steps that pass `step_problem`, ascending; broken ones are logged and skipped."""
+    steps = []
+    for step in self.all_steps():
+      problem = self.step_problem(step)
+      if problem is None:
+        steps.append(step)
+      else:
+        log.warning("checkpoint step %d under %s is broken (%s): skipping it", step,
+                    self.directory, problem)
+    return steps
+
   def latest_step(self) -> Optional[int]:
-    """The newest fully committed step, or None."""
-    return self._manager.latest_step()
+    """The newest intact committed step, or None (an empty or half-copied newer step is
+    skipped with a warning naming it)."""
+    steps = self.intact_steps()
+    return steps[-1] if steps else None
 
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
 
   def restore(self, template: Any, step: Optional[int] = None) -> Restored:
-    """Restores `step` (default: latest) into the structure, dtypes and shardings of `template`.
+    """Restores `step` (default: the newest intact one) into the structure, dtypes and
+    shardings of `template`.
+
+    With the default, a step that fails to restore (truncated data, bad outer state) is skipped
+    with a warning naming it, and the next older intact step is restored instead.
 
     Raises:
       FileNotFoundError: naming the directory when there is no such committed step.
+      RuntimeError: naming the step directory when no candidate step restores.
     """
-    if step is None:
-      step = self.latest_step()
-    if step is None or step not in self._manager.all_steps():
-      raise FileNotFoundError(f"no committed checkpoint step {step} under {self.directory} "
-                              f"(have {self.all_steps()})")
+    if step is not None:
+      if step not in self._manager.all_steps():
+        raise FileNotFoundError(f"no committed checkpoint step {step} under {self.directory} "
+                                f"(have {self.all_steps()})")
+      return self._restore_step(template, step)
+    candidates = self.intact_steps()[::-1]
+    if not candidates:
+      raise FileNotFoundError(f"no committed checkpoint step None under {self.directory} "
+                              f"(no intact step; have {self.all_steps()})")
+    failures = []
+    for candidate in candidates:
+      try:
+        return self._restore_step(template, candidate)
+      except RuntimeError as e:
+        failures.append(str(e))
+        log.warning("%s; falling back to an older step", e)
+    raise RuntimeError("no checkpoint step restores: " + "; ".join(failures))
+
+  def _restore_step(self, template: Any, step: int) -> Restored:
     args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_like(template)),
                               data=ocp.args.JsonRestore(), outer=ocp.args.JsonRestore())
-    out = self._manager.restore(step, args=args)
-    return Restored(step=step, state=out.state, data_state=_decode_data_state(out.data),
-                    outer_state=out.outer["value"])
+    try:
+      out = self._manager.restore(step, args=args)
+      return Restored(step=step, state=out.state, data_state=_decode_data_state(out.data),
+                      outer_state=out.outer["value"])
+    except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types; name the step
+      raise RuntimeError(f"checkpoint step {self.directory / str(step)} does not restore: "
+                         f"{type(e).__name__}: {e}") from e
 
   def wait(self) -> None:
     """Blocks until every started save is committed."""

@@ -293,6 +293,33 @@ def _check_services(ck: _Checker) -> None:
         ck.fail("evaluator.external.argv", f"lacks the placeholder(s) {missing}")
 
 
+INT64_MAX = 2**63 - 1
+
+
+def _check_numbers(ck: _Checker, node: Any = None, path: str = "") -> None:
+  """Every number in every section: floats finite, ints within int64, seeds non-negative ints.
+
+  Generic over the whole tree (lists and tuples included), so a new field is covered without an
+  edit here; the per-section checks add the field-specific ranges.
+  """
+  node = ck.cfg if node is None else node
+  items = (node.items() if isinstance(node, (ConfigDict, dict)) else
+           enumerate(node) if isinstance(node, (list, tuple)) else ())
+  for key, value in items:
+    child = f"{path}.{key}" if path and isinstance(key, str) else (
+        f"{path}[{key}]" if path else str(key))
+    if isinstance(value, (ConfigDict, dict, list, tuple)):
+      _check_numbers(ck, value, child)
+    elif isinstance(value, bool) or value is None:
+      continue
+    elif isinstance(value, float) and not math.isfinite(value):
+      ck.fail(child, f"must be a finite number, got {value!r}")
+    elif isinstance(value, int) and not -INT64_MAX - 1 <= value <= INT64_MAX:
+      ck.fail(child, f"{value} is out of the int64 range")
+    elif str(key).endswith("seed") and not (isinstance(value, int) and 0 <= value <= INT64_MAX):
+      ck.fail(child, f"must be a non-negative integer seed, got {value!r}")
+
+
 def _check_policy(ck: _Checker) -> None:
   for section, build in (("curriculum", curriculum.CurriculumConfig.from_config),
                          ("gate", gate.GateThresholds.from_config)):
@@ -311,8 +338,8 @@ def validate_config(cfg: ConfigDict) -> None:
     ConfigError: listing every invalid field as `config.<path>: <problem>`.
   """
   ck = _Checker(cfg)
-  for section_check in (_check_model, _check_tokenizer, _check_mesh, _check_training,
-                        _check_rollout, _check_services, _check_policy):
+  for section_check in (_check_numbers, _check_model, _check_tokenizer, _check_mesh,
+                        _check_training, _check_rollout, _check_services, _check_policy):
     try:
       section_check(ck)
     except KeyError as e:

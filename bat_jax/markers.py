@@ -5,47 +5,91 @@ names, report text). It exports them *hashed only* with `export_markers`; the St
 export into a `MarkerMatcher` and scans every row it is about to publish. The training side
 therefore never holds plaintext held-out content, yet can still find it.
 
-Matching scheme (version 1):
+Matching scheme (version 2). Everything is hashed as `sha256(salt + b"\\x00" + payload)`:
 
-1. Normalise: Unicode NFKC, then `str.casefold()` ("ＣＡＳＥ" == "case", "Straße" == "strasse").
-2. Tokenise: tokens are the maximal alphanumeric runs of the normalised text (regex `[^\\W_]+`;
-   punctuation, `_`, `-`, `/`, `.` and whitespace all separate). "Case_0042.pgm" ->
-   ("case", "0042", "pgm").
-3. A marker is its token sequence. A marker whose normalised form (tokens joined by one space) is
-   shorter than `MIN_MARKER_CHARS` (4) characters is ignored: such strings occur everywhere.
-4. A marker of n <= `window` tokens is exported as one hash of its whole sequence. A longer marker
-   (report text) is exported as the hashes of all its contiguous `window`-token windows, so any
-   `window`-token overlap with it is found.
-5. Hash of a token sequence: `sha256(salt_bytes + b"\\x00" + "\\x1f".join(tokens).encode())`, hex.
-   The salt is stored in the export (the matcher must hash with it); it keeps the hashes from
-   being matched against generic precomputed tables.
-6. Matching: every string key and value of an object (recursively through dicts, lists and
-   tuples; ints and floats via `repr`) is normalised and tokenised the same way, and every
-   contiguous n-gram whose length n occurs in the export is hashed and looked up. So a marker is
-   found case-insensitively, embedded in longer text, and in nested keys or values. A marker is
-   found when it appears on token boundaries: "case_0042" is found in "see case-0042.pgm", but
-   not inside the single token "mycase0042".
+1. Normalise (`normalize_text`): NFKD, drop format characters (Unicode Cf: zero-width space and
+   joiners, soft hyphen, bidi marks) and combining marks, NFKC, casefold, then map Cyrillic and
+   Greek look-alikes to the Latin letter they imitate ("саѕе" == "case").
+2. Tokens: the maximal alphanumeric runs of the normal form (`_`, `-`, `/`, `.`, whitespace and
+   all punctuation separate). "Case_0042.pgm" -> ("case", "0042", "pgm"). The *squashed* form is
+   the tokens glued together ("case0042pgm"): it is what survives removed or inserted separators,
+   spaced letters and gluing into a longer word.
+3. A marker whose tokens joined by one space are shorter than `MIN_MARKER_CHARS` is ignored.
+4. Export tables (each entry for the marker's normal form, its reversal and its rot13):
+   - `hashes[n]`: a marker of n <= `window` tokens as one hash of its token sequence; a longer
+     one as all its `window`-token windows.
+   - `squash[L]` + `anchors`: a marker whose squashed form has `SQUASH_MIN..SQUASH_MAX` chars, as
+     the hash of that form, plus the hash of its first `SQUASH_MIN` chars -> [L, ...] so a scan
+     hashes each position of a text once and checks full lengths only behind an anchor hit.
+   - `grams`: a marker of more than `window` - 2 tokens (report text, questions) as a group of its
+     `GRAM_N`-token n-gram hashes; a text holding `GRAM_HITS` distinct n-grams of one group is a
+     hit (an excerpt shorter than the window, or the text with every 5th word dropped).
+5. Matching (`MarkerMatcher.find`): every string key and value of a row (ints and floats via
+   `repr`) is scanned as is and in its decoded forms (URL-encoding, HTML entities, base64 and hex
+   runs); the squashed/token junction of every two consecutive strings of the row is scanned too,
+   and n-gram groups are counted over the whole row: a marker split across fields is found.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import codecs
 import dataclasses
 import hashlib
+import html
 import json
 import re
 import unicodedata
-from typing import Any, Iterable, Mapping
+import urllib.parse
+from typing import Any, Iterable, Iterator, Mapping
 
-SCHEME = "bat_jax.markers/v1"
+SCHEME = "bat_jax.markers/v2"
 MIN_MARKER_CHARS = 4
 DEFAULT_WINDOW = 8
+SQUASH_MIN = 5   # squashed markers at least this long are found glued into any text
+SQUASH_MAX = 80  # longer ones (report text) are found by token windows and n-gram groups
+GRAM_N = 4
+JUNCTION_SPAN = 2  # a string value is joined with each of the next two (see `find`)
+JUNCTION_CHARS = 48  # squashed chars before a boundary that a split marker may start within
+GRAM_HITS = 2
 _TOKEN_RE = re.compile(r"[^\W_]+")
 _JOIN = "\x1f"
+_DROP_CATEGORIES = frozenset({"Cf", "Mn", "Me"})
+# Cyrillic / Greek / other letters that render like a Latin one (after casefold).
+_CONFUSABLES = str.maketrans({
+    "а": "a", "в": "b", "е": "e", "ё": "e", "є": "e", "і": "i", "ї": "i", "ј": "j", "к": "k",
+    "м": "m", "н": "h", "о": "o", "п": "n", "р": "p", "с": "c", "т": "t", "у": "y", "х": "x",
+    "ѕ": "s", "ԁ": "d", "ԛ": "q", "ԝ": "w", "һ": "h", "ӏ": "l", "ь": "b", "г": "r", "ᴄ": "c",
+    "α": "a", "β": "b", "γ": "y", "ε": "e", "η": "n", "ι": "i", "κ": "k", "μ": "u", "ν": "v",
+    "ο": "o", "ρ": "p", "ς": "s", "τ": "t", "υ": "u", "χ": "x", "ω": "w", "ı": "i", "օ": "o",
+    "ս": "u", "ք": "p", "ɡ": "g", "ɑ": "a", "ⅰ": "i", "ℓ": "l",
+    # Upper case first: casefold would turn Greek "Μ" (an M look-alike) into "μ" (a u one).
+    "Α": "a", "Β": "b", "Ε": "e", "Ζ": "z", "Η": "h", "Ι": "i", "Κ": "k", "Μ": "m", "Ν": "n",
+    "Ο": "o", "Ρ": "p", "Τ": "t", "Υ": "y", "Χ": "x", "А": "a", "В": "b", "Е": "e", "К": "k",
+    "М": "m", "Н": "h", "О": "o", "Р": "p", "С": "c", "Т": "t", "У": "y", "Х": "x", "Ѕ": "s",
+    "І": "i", "Ј": "j"})
+_B64_RE = re.compile(r"[A-Za-z0-9+/_\-]{8,}={0,2}")
+_HEX_RE = re.compile(r"(?:[0-9A-Fa-f]{2}){6,}")
+_MAX_DECODE_DEPTH = 2
+# All-hex squashed forms (numbers, hex ids) occur by chance inside every digest: they are matched
+# on token boundaries only, never glued into other text.
+_HEXISH_RE = re.compile(r"[0-9a-f]+")
+
+
+def normalize_text(text: str) -> str:
+  """The normal form every hash is built from (see the module docstring, step 1)."""
+  if text.isascii():
+    return text.casefold()
+  text = unicodedata.normalize("NFKD", text)
+  text = "".join(c for c in text if unicodedata.category(c) not in _DROP_CATEGORIES)
+  text = unicodedata.normalize("NFKC", text)
+  return text.translate(_CONFUSABLES).casefold().translate(_CONFUSABLES)
 
 
 def normalize_tokens(text: str) -> tuple[str, ...]:
-  """NFKC + casefold, then the maximal alphanumeric runs: the tokens every hash is built from."""
-  return tuple(_TOKEN_RE.findall(unicodedata.normalize("NFKC", text).casefold()))
+  """The alphanumeric tokens of `normalize_text(text)`."""
+  return tuple(_TOKEN_RE.findall(normalize_text(text)))
 
 
 def _salt_bytes(salt: str | bytes) -> bytes:
@@ -67,8 +111,44 @@ def _hash_tokens(base, tokens: Iterable[str]) -> str:
   return h.hexdigest()
 
 
-def export_markers(strings: Iterable[str], salt: str | bytes, *,
-                   window: int = DEFAULT_WINDOW) -> dict[str, Any]:
+def _forms(normal: str) -> tuple[str, ...]:
+  """A normalised marker as written, reversed and rot13'd (the encodings matched by hashing)."""
+  return (normal, normal[::-1], codecs.encode(normal, "rot13"))
+
+
+class _ExportTables:
+  """Accumulates the hash tables of `export_markers`."""
+
+  def __init__(self, salt: bytes, window: int, public_grams: frozenset):
+    self.base, self.window, self.public_grams = _hasher(salt), window, public_grams
+    self.hashes: dict[int, set[str]] = {}
+    self.squash: dict[int, set[str]] = {}
+    self.anchors: dict[str, set[int]] = {}
+    self.groups: set[tuple[str, ...]] = set()
+
+  def add(self, normal: str) -> None:
+    for form in _forms(normal):
+      tokens = tuple(_TOKEN_RE.findall(form))
+      n = min(len(tokens), self.window)
+      grams = self.hashes.setdefault(n, set())
+      for j in range(len(tokens) - n + 1):
+        grams.add(_hash_tokens(self.base, tokens[j:j + n]))
+      squashed = "".join(tokens)
+      if SQUASH_MIN <= len(squashed) <= SQUASH_MAX and not _HEXISH_RE.fullmatch(squashed):
+        self.squash.setdefault(len(squashed), set()).add(_hash_tokens(self.base, [squashed]))
+        anchor = _hash_tokens(self.base, [squashed[:SQUASH_MIN]])
+        self.anchors.setdefault(anchor, set()).add(len(squashed))
+    tokens = tuple(_TOKEN_RE.findall(normal))
+    if len(tokens) > self.window - 2:
+      group = {_hash_tokens(self.base, tokens[j:j + GRAM_N])
+               for j in range(len(tokens) - GRAM_N + 1)
+               if tokens[j:j + GRAM_N] not in self.public_grams}
+      if len(group) >= GRAM_HITS:
+        self.groups.add(tuple(sorted(group)))
+
+
+def export_markers(strings: Iterable[str], salt: str | bytes, *, window: int = DEFAULT_WINDOW,
+                   public_grams: Iterable[tuple[str, ...]] = ()) -> dict[str, Any]:
   """Hashes held-out marker strings into a JSON-able export that holds no plaintext.
 
   Args:
@@ -76,37 +156,35 @@ def export_markers(strings: Iterable[str], salt: str | bytes, *,
     salt: a per-export salt, stored in the export as hex.
     window: markers longer than this many tokens are exported as all their `window`-token
       windows (see the module docstring).
+    public_grams: `GRAM_N`-token tuples that public text uses too: left out of the n-gram groups.
 
   Returns:
-    `{"scheme", "salt_hex", "min_chars", "window", "marker_count", "hashes": {n: [hex, ...]}}`,
-    hashes sorted and deduplicated so the export reveals no order.
+    `{"scheme", "salt_hex", "min_chars", "window", "marker_count", "hashes", "squash",
+    "anchors", "grams"}`, hashes sorted and deduplicated so the export reveals no order.
   """
-  if window < 1:
-    raise ValueError(f"marker window must be >= 1, got {window}")
+  if window < GRAM_N:
+    raise ValueError(f"marker window must be >= {GRAM_N}, got {window}")
   salt_b = _salt_bytes(salt)
-  base = _hasher(salt_b)
-  by_n: dict[int, set[str]] = {}
+  tables = _ExportTables(salt_b, window, frozenset(public_grams))
   count = 0
   for i, s in enumerate(strings):
     if not isinstance(s, str):
       raise TypeError(f"marker #{i} must be a str, got {type(s).__name__}")
-    tokens = normalize_tokens(s)
-    if len(" ".join(tokens)) < MIN_MARKER_CHARS:
+    normal = normalize_text(s)
+    if len(" ".join(_TOKEN_RE.findall(normal))) < MIN_MARKER_CHARS:
       continue
     count += 1
-    if len(tokens) <= window:
-      by_n.setdefault(len(tokens), set()).add(_hash_tokens(base, tokens))
-    else:
-      grams = by_n.setdefault(window, set())
-      for j in range(len(tokens) - window + 1):
-        grams.add(_hash_tokens(base, tokens[j:j + window]))
+    tables.add(normal)
   return {
       "scheme": SCHEME,
       "salt_hex": salt_b.hex(),
       "min_chars": MIN_MARKER_CHARS,
       "window": window,
       "marker_count": count,
-      "hashes": {str(n): sorted(h) for n, h in sorted(by_n.items())},
+      "hashes": {str(n): sorted(h) for n, h in sorted(tables.hashes.items()) if h},
+      "squash": {str(n): sorted(h) for n, h in sorted(tables.squash.items())},
+      "anchors": {a: sorted(ls) for a, ls in sorted(tables.anchors.items())},
+      "grams": {"n": GRAM_N, "min_hits": GRAM_HITS, "groups": sorted(tables.groups)},
   }
 
 
@@ -117,8 +195,34 @@ def export_digest(export: Mapping[str, Any]) -> str:
 
 
 def empty_export(salt: str | bytes = b"") -> dict[str, Any]:
-  """An export with no markers (a round built before any evaluator export exists)."""
+  """An export with no markers (tests and explicitly allowed development builds only)."""
   return export_markers((), salt)
+
+
+def decoded_variants(text: str, depth: int = _MAX_DECODE_DEPTH) -> Iterator[str]:
+  """`text` decoded from URL-encoding, HTML entities and base64 / hex runs (not `text` itself)."""
+  if depth <= 0:
+    return
+  found = []
+  if "%" in text:
+    found.append(urllib.parse.unquote(text, errors="replace"))
+  if "&" in text:
+    found.append(html.unescape(text))
+  for m in _B64_RE.finditer(text):
+    run = m.group(0)
+    for altchars in (b"+/", b"-_"):
+      try:
+        raw = base64.b64decode(run.rstrip("=") + "=" * (-len(run.rstrip("=")) % 4),
+                               altchars=altchars)
+      except (binascii.Error, ValueError):
+        continue
+      found.append(raw.decode("utf-8", errors="ignore"))
+  for m in _HEX_RE.finditer(text):
+    found.append(bytes.fromhex(m.group(0)).decode("utf-8", errors="ignore"))
+  for variant in found:
+    if variant and variant != text:
+      yield variant
+      yield from decoded_variants(variant, depth - 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,15 +231,30 @@ class MarkerHit:
 
   Attributes:
     path: where it was found, JSONPath-like (`$.prompt[1].content`, `$.extra_info.<key>` for a
-      key itself).
+      key itself; `a + b` for a marker split across two consecutive strings; `$` for n-grams of
+      one marker spread over several strings).
     in_key: True when the hit is in a dict key rather than a value.
-    n_tokens: the length of the matching n-gram.
+    n_tokens: the length of the matching n-gram (squashed length for `kind="squashed"`).
     digest: the matched hash (never the plaintext).
+    kind: "tokens", "squashed" or "ngrams" (which table of the export matched).
   """
   path: str
   in_key: bool
   n_tokens: int
   digest: str
+  kind: str = "tokens"
+
+
+@dataclasses.dataclass(frozen=True)
+class _TextScan:
+  """A memoised scan of one string: direct hits, matched n-grams, and its junction edges."""
+  hits: tuple[tuple[str, int, str], ...]  # (kind, n, digest)
+  grams: frozenset[str]
+  head: tuple[tuple[str, ...], str]  # first tokens, first squashed chars
+  tail: tuple[tuple[str, ...], str]  # last tokens, last squashed chars
+
+
+_MEMO_LIMIT = 1_000_000  # bound memory on adversarially diverse input
 
 
 class MarkerMatcher:
@@ -146,64 +265,182 @@ class MarkerMatcher:
   """
 
   def __init__(self, export: Mapping[str, Any]):
-    for key in ("scheme", "salt_hex", "hashes"):
+    for key in ("scheme", "salt_hex", "hashes", "squash", "anchors", "grams"):
       if key not in export:
         raise ValueError(f"marker export is missing field {key!r}")
     if export["scheme"] != SCHEME:
-      raise ValueError(f"marker export scheme {export['scheme']!r} is not {SCHEME!r}")
+      raise ValueError(f"marker export scheme {export['scheme']!r} is not {SCHEME!r}: "
+                       "re-export the markers with this version")
     try:
       salt = bytes.fromhex(export["salt_hex"])
     except (TypeError, ValueError) as e:
       raise ValueError(f"marker export field 'salt_hex' is not hex: {e}") from None
     self._base = _hasher(salt)
-    self._hashes: dict[int, frozenset[str]] = {}
-    for n, hashes in export["hashes"].items():
-      if not str(n).isdigit() or int(n) < 1:
-        raise ValueError(f"marker export 'hashes' key {n!r} is not a positive n-gram length")
-      self._hashes[int(n)] = frozenset(hashes)
+    self._hashes = self._length_table(export, "hashes")
+    self._squash = self._length_table(export, "squash")
+    self._anchors = {a: tuple(ls) for a, ls in export["anchors"].items()}
+    grams = export["grams"]
+    if int(grams.get("n", GRAM_N)) != GRAM_N:
+      raise ValueError(f"marker export field 'grams.n' is {grams.get('n')!r}, not {GRAM_N}")
+    self._gram_hits = int(grams.get("min_hits", GRAM_HITS))
+    self._gram_groups: dict[str, list[int]] = {}
+    for gid, group in enumerate(grams.get("groups", ())):
+      for h in group:
+        self._gram_groups.setdefault(h, []).append(gid)
     self._lengths = tuple(sorted(n for n, h in self._hashes.items() if h))
+    self._edge = max(self._lengths + (GRAM_N,)) - 1
     self.digest = export_digest(export)
     self.marker_count = int(export.get("marker_count", 0))
-    self._memo: dict[str, tuple[tuple[int, str], ...]] = {}
+    self._memo: dict[str, _TextScan] = {}
+    self._junction_memo: dict[tuple, tuple[tuple[str, int, str], ...]] = {}
 
-  def find_in_text(self, text: str) -> tuple[tuple[int, str], ...]:
-    """The (n_tokens, digest) of every marker occurrence in one string."""
+  @staticmethod
+  def _length_table(export: Mapping[str, Any], field: str) -> dict[int, frozenset[str]]:
+    table = {}
+    for n, hashes in export[field].items():
+      if not str(n).isdigit() or int(n) < 1:
+        raise ValueError(f"marker export {field!r} key {n!r} is not a positive length")
+      table[int(n)] = frozenset(hashes)
+    return table
+
+  def _token_hits(self, tokens: tuple[str, ...], out: list) -> None:
+    for n in self._lengths:
+      table = self._hashes[n]
+      for j in range(len(tokens) - n + 1):
+        d = _hash_tokens(self._base, tokens[j:j + n])
+        if d in table:
+          out.append(("tokens", n, d))
+
+  def _squash_hits(self, squashed: str, starts: range, out: list) -> None:
+    if not self._anchors:
+      return
+    for i in starts:
+      lengths = self._anchors.get(_hash_tokens(self._base, [squashed[i:i + SQUASH_MIN]]))
+      for n in lengths or ():
+        if i + n <= len(squashed):
+          d = _hash_tokens(self._base, [squashed[i:i + n]])
+          if d in self._squash.get(n, ()):
+            out.append(("squashed", n, d))
+
+  def _grams(self, tokens: tuple[str, ...]) -> set[str]:
+    if not self._gram_groups:
+      return set()
+    found = set()
+    for j in range(len(tokens) - GRAM_N + 1):
+      d = _hash_tokens(self._base, tokens[j:j + GRAM_N])
+      if d in self._gram_groups:
+        found.add(d)
+    return found
+
+  def _scan(self, text: str) -> _TextScan:
     cached = self._memo.get(text)
     if cached is not None:
       return cached
-    found = []
-    if self._lengths:
-      tokens = normalize_tokens(text)
-      for n in self._lengths:
-        table = self._hashes[n]
-        for j in range(len(tokens) - n + 1):
-          d = _hash_tokens(self._base, tokens[j:j + n])
-          if d in table:
-            found.append((n, d))
-    result = tuple(found)
-    if len(self._memo) < 1_000_000:  # bound memory on adversarially diverse input
+    hits: list = []
+    grams: set = set()
+    tokens = ()
+    for k, variant in enumerate((text, *decoded_variants(text))):
+      var_tokens = tuple(_TOKEN_RE.findall(normalize_text(variant)))
+      tokens = var_tokens if k == 0 else tokens
+      squashed = "".join(var_tokens)
+      self._token_hits(var_tokens, hits)
+      self._squash_hits(squashed, range(len(squashed) - SQUASH_MIN + 1), hits)
+      grams |= self._grams(var_tokens)
+    squashed = "".join(tokens)
+    edge = self._edge
+    result = _TextScan(tuple(hits), frozenset(grams),
+                       head=(tokens[:edge], squashed[:SQUASH_MAX - 1]),
+                       tail=(tokens[-edge:] if edge else (), squashed[-JUNCTION_CHARS:]))
+    if len(self._memo) < _MEMO_LIMIT:
       self._memo[text] = result
     return result
 
+  def find_in_text(self, text: str) -> tuple[tuple[int, str], ...]:
+    """The (n, digest) of every marker occurrence in one string (n-gram groups excluded)."""
+    return tuple((n, d) for _, n, d in self._scan(text).hits)
+
+  def _junction(self, tail, head) -> tuple[tuple[str, int, str], ...]:
+    """Hits that straddle the boundary of two strings (the tail of one, the head of the next):
+    only n-grams and squashed windows that start before the boundary and end after it."""
+    key = (tail, head)
+    cached = self._junction_memo.get(key)
+    if cached is not None:
+      return cached
+    hits: list = []
+    tokens, cut = tail[0] + head[0], len(tail[0])
+    for n in self._lengths:
+      table = self._hashes[n]
+      for j in range(max(0, cut - n + 1), min(cut, len(tokens) - n + 1)):
+        d = _hash_tokens(self._base, tokens[j:j + n])
+        if d in table:
+          hits.append(("tokens", n, d))
+    squashed = tail[1][-JUNCTION_CHARS:] + head[1]
+    self._squash_hits(squashed, range(max(0, len(squashed) - len(head[1]) - JUNCTION_CHARS),
+                                      len(squashed) - len(head[1])), hits)
+    if self._gram_groups:
+      for j in range(max(0, cut - GRAM_N + 1), min(cut, len(tokens) - GRAM_N + 1)):
+        d = _hash_tokens(self._base, tokens[j:j + GRAM_N])
+        if d in self._gram_groups:
+          hits.append(("gram", 0, d))
+    result = tuple(hits)
+    if len(self._junction_memo) < _MEMO_LIMIT:
+      self._junction_memo[key] = result
+    return result
+
   def find(self, obj: Any) -> list[MarkerHit]:
-    """All marker hits in `obj`, scanning every key and value recursively."""
+    """All marker hits in `obj`: every key and value, across nearby string values, n-grams.
+
+    A split marker is looked for across each string value and the next `JUNCTION_SPAN` values
+    (so a role or flag between two message halves does not hide it)."""
+    leaves: list[tuple[str, bool, str]] = []
+    _leaves(obj, "$", leaves)
     hits: list[MarkerHit] = []
-    self._walk(obj, "$", hits)
+    gram_paths: dict[str, set[str]] = {}
+    recent: list[tuple[str, _TextScan]] = []
+    for path, in_key, text in leaves:
+      scan = self._scan(text)
+      hits.extend(MarkerHit(path, in_key, n, d, kind) for kind, n, d in scan.hits)
+      for g in scan.grams:
+        gram_paths.setdefault(g, set()).add(path)
+      if in_key:
+        continue
+      for prev_path, prev in recent:
+        where = f"{prev_path} + {path}"
+        for kind, n, d in self._junction(prev.tail, scan.head):
+          if kind == "gram":
+            gram_paths.setdefault(d, set()).add(where)
+          else:
+            hits.append(MarkerHit(where, False, n, d, kind))
+      recent = (recent + [(path, scan)])[-JUNCTION_SPAN:]
+    hits.extend(self._group_hits(gram_paths))
     return hits
 
-  def _walk(self, obj: Any, path: str, hits: list[MarkerHit]) -> None:
-    if isinstance(obj, Mapping):
-      for key, value in obj.items():
-        child = f"{path}.{key}"
-        for n, d in self.find_in_text(str(key)):
-          hits.append(MarkerHit(child, True, n, d))
-        self._walk(value, child, hits)
-    elif isinstance(obj, (list, tuple)):
-      for i, value in enumerate(obj):
-        self._walk(value, f"{path}[{i}]", hits)
-    elif isinstance(obj, str):
-      for n, d in self.find_in_text(obj):
-        hits.append(MarkerHit(path, False, n, d))
-    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
-      for n, d in self.find_in_text(repr(obj)):
-        hits.append(MarkerHit(path, False, n, d))
+  def _group_hits(self, gram_paths: Mapping[str, set[str]]) -> list[MarkerHit]:
+    """One hit per long marker of which the row holds >= `min_hits` distinct n-grams."""
+    by_group: dict[int, list[str]] = {}
+    for g in gram_paths:
+      for gid in self._gram_groups[g]:
+        by_group.setdefault(gid, []).append(g)
+    hits = []
+    for gid, grams in sorted(by_group.items()):
+      if len(grams) >= self._gram_hits:
+        paths = set().union(*(gram_paths[g] for g in grams))
+        path = paths.pop() if len(paths) == 1 else "$"
+        hits.append(MarkerHit(path, False, GRAM_N, min(grams), "ngrams"))
+    return hits
+
+
+def _leaves(obj: Any, path: str, out: list[tuple[str, bool, str]]) -> None:
+  """(path, in_key, text) of every string key and value of `obj`, in order."""
+  if isinstance(obj, Mapping):
+    for key, value in obj.items():
+      child = f"{path}.{key}"
+      out.append((child, True, str(key)))
+      _leaves(value, child, out)
+  elif isinstance(obj, (list, tuple)):
+    for i, value in enumerate(obj):
+      _leaves(value, f"{path}[{i}]", out)
+  elif isinstance(obj, str):
+    out.append((path, False, obj))
+  elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
+    out.append((path, False, repr(obj)))

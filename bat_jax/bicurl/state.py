@@ -137,10 +137,10 @@ class OuterState:
     if not path.is_file():
       return cls()
     try:
-      raw = json.loads(path.read_text())
+      raw = json.loads(path.read_bytes())
       rounds = [RoundRecord(**r) for r in raw.pop("rounds")]
       return cls(rounds=rounds, **raw)
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
       raise ValueError(f"outer-loop state {path} is unreadable ({e}); delete it to restart "
                        "the outer loop from its checkpoints") from None
 

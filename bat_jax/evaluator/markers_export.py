@@ -3,10 +3,13 @@
 The markers are the strings that identify held-out content: task ids, case ids, file and folder
 names, planted-fault subjects, answers (class labels, VQA answers, report impressions and the
 full expected report texts), VQA questions and the evaluator's own brief / objective wording.
-Public contract strings (`workflow.ARTIFACTS` and `workflow.STAGE_TOOL_FILES` paths and their
-parts, the model folder's generic `card.json` / `runner.py` / `convert.py`) and bare numbers are
-left out: the training side uses them too, so they identify nothing and would only cause false
-rejections.
+Public strings are left out: they identify nothing held out and would only cause false
+rejections. The rule: a marker is public when its normalised token sequence occurs inside a string
+literal of the public contract (`bat_jax/workflow.py`) or of the code the training side generates
+its own tasks from (`bat_jax/taskkit/`, `bat_jax/tasks/`), e.g. the model-card key
+`intensity_scale` that a held-out fault names; so are the `workflow.ARTIFACTS` and `workflow.STAGE_TOOL_FILES`
+paths and their parts, the model folder's generic `card.json` / `runner.py` / `convert.py` and bare numbers.
+Report-text n-grams that occur in those literals are left out of the n-gram groups likewise.
 
 The export is `bat_jax.markers.export_markers` (salted sha256 of NFKC-casefolded alphanumeric
 token n-grams; long texts as all their 8-token windows; markers under 4 characters ignored): the
@@ -16,7 +19,9 @@ nested keys or values, without ever holding the plaintext.
 
 from __future__ import annotations
 
+import ast
 import csv
+import functools
 import io
 import secrets
 from pathlib import Path
@@ -29,6 +34,29 @@ from bat_jax.taskkit import TaskInstance
 from bat_jax.io_utils import atomic_write_json
 
 MODEL_FOLDER_FILES = ("card.json", "runner.py", "convert.py")
+# Training-side sources whose string literals are public vocabulary (relative to bat_jax/).
+PUBLIC_SOURCES = ("workflow.py", "taskkit", "tasks")
+_PACKAGE_ROOT = Path(workflow.__file__).resolve().parent
+
+
+def _literals(path: Path) -> Iterable[str]:
+  for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+      yield node.value
+
+
+@functools.cache
+def public_ngrams() -> frozenset[tuple[str, ...]]:
+  """Every token n-gram (n <= the marker window) of the public sources' string literals."""
+  found: set[tuple[str, ...]] = set()
+  for rel in PUBLIC_SOURCES:
+    root = _PACKAGE_ROOT / rel
+    for path in sorted(root.rglob("*.py")) if root.is_dir() else [root]:
+      for literal in _literals(path):
+        tokens = markers.normalize_tokens(literal)
+        for n in range(1, markers.DEFAULT_WINDOW + 1):
+          found.update(tokens[j:j + n] for j in range(len(tokens) - n + 1))
+  return frozenset(found)
 
 
 def _public_names() -> frozenset[str]:
@@ -95,7 +123,7 @@ def static_markers() -> set[str]:
 def _keep(marker: str) -> bool:
   tokens = markers.normalize_tokens(marker)
   return (marker not in PUBLIC_NAMES and len(" ".join(tokens)) >= markers.MIN_MARKER_CHARS
-          and not all(t.isdigit() for t in tokens))
+          and not all(t.isdigit() for t in tokens) and tokens not in public_ngrams())
 
 
 def collect_markers(instances: Iterable[TaskInstance]) -> list[str]:
@@ -109,7 +137,9 @@ def collect_markers(instances: Iterable[TaskInstance]) -> list[str]:
 def export_cells(cells: Sequence[Cell], salt: Optional[bytes] = None) -> dict[str, Any]:
   """The hashed marker export of a cell set (random salt unless given)."""
   strings = collect_markers(c.instance() for c in cells)
-  return markers.export_markers(strings, secrets.token_bytes(16) if salt is None else salt)
+  public_grams = (g for g in public_ngrams() if len(g) == markers.GRAM_N)
+  return markers.export_markers(strings, secrets.token_bytes(16) if salt is None else salt,
+                                public_grams=public_grams)
 
 
 def write_export(export: dict[str, Any], path: Path) -> Path:

@@ -22,12 +22,19 @@ from bat_jax.stagebank import sft_rows
 from bat_jax.stagebank import task_source
 
 
+def _add_allow_no_markers(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--allow-no-markers", action="store_true",
+                 help="development only: publish without a held-out marker export (the leak "
+                      "receipt records it); by default a missing export is an error")
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
   p.add_argument("--seed", type=int, default=0, help="base seed of the bank")
   p.add_argument("--n-batches", type=int, default=rounds.REFERENCE_BATCHES)
   p.add_argument("--rows-per-batch", type=int, default=rounds.REFERENCE_ROWS_PER_BATCH)
   p.add_argument("--markers", type=Path, default=None,
                  help="the evaluator's hashed marker export (default: BANK/markers.json)")
+  _add_allow_no_markers(p)
   p.add_argument("--workers", type=int, default=1, help="processes for task generation")
   p.add_argument("--source", default=task_source.DEFAULT_SOURCE,
                  help="task source factory as module:attr (a TaskSource class or function)")
@@ -56,6 +63,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
   f.add_argument("--tasks-per-state", type=int, default=1)
   f.add_argument("--markers", type=Path, default=None, help="the evaluator's hashed export")
   f.add_argument("--action-space", default="code", help="code | stage_tools")
+  _add_allow_no_markers(f)
   return parser.parse_args(argv)
 
 
@@ -67,12 +75,13 @@ def _build(args: argparse.Namespace) -> Path:
   spec = rounds.RoundSpec(args.round, weights, seed=args.seed, n_batches=args.n_batches,
                           rows_per_batch=args.rows_per_batch)
   return build.build_and_publish(args.out, spec, task_source.load_source_factory(args.source)(),
-                                 markers_path=args.markers, workers=args.workers)
+                                 markers_path=args.markers, workers=args.workers,
+                                 allow_no_markers=args.allow_no_markers)
 
 
 def _sft(args: argparse.Namespace) -> Path:
-  matcher = build.load_matcher(args.markers, required=args.markers is not None)
-  checker = leakcheck.LeakChecker(matcher)
+  matcher = build.load_matcher(args.markers, allow_no_markers=args.allow_no_markers)
+  checker = leakcheck.LeakChecker(matcher, allow_no_markers=args.allow_no_markers)
   spec = sft_rows.SftSpec(seed=args.seed, tasks_per_state=args.tasks_per_state,
                           action_space=args.action_space)
   return sft_rows.build_sft_set(args.out, spec, checker)
@@ -85,12 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     serve.serve(args.bank, task_source.load_source_factory(args.source), seed=args.seed,
                 n_batches=args.n_batches, rows_per_batch=args.rows_per_batch,
                 markers_path=args.markers, poll_s=args.poll_s, max_rounds=args.max_rounds,
-                workers=args.workers)
+                workers=args.workers, allow_no_markers=args.allow_no_markers)
     return 0
   try:
     out = _sft(args) if args.command == "sft" else _build(args)
   except leakcheck.RoundRejected as e:
     print(json.dumps(e.receipt.to_json(), indent=1), file=sys.stderr)
+    logging.error("%s", e)
+    return 2
+  except (FileNotFoundError, ValueError) as e:  # a missing / bad export or input: say which
     logging.error("%s", e)
     return 2
   print(out)

@@ -15,6 +15,7 @@ from bat_jax.stagebank import leakcheck
 from bat_jax.stagebank import rl_rows
 from bat_jax.stagebank import rounds
 from bat_jax.stagebank import shards
+from bat_jax.stagebank import task_source
 
 BUILDER_VERSION = "bat_jax.stagebank/1"
 MARKERS_FILE = "markers.json"  # default place of the evaluator's hashed export in a bank
@@ -30,15 +31,48 @@ class BuiltRound:
 
 
 _worker_source: rl_rows.TaskSource | None = None
+_worker_checker: leakcheck.LeakChecker | None = None
 
 
-def _init_worker(source: rl_rows.TaskSource) -> None:
-  global _worker_source
-  _worker_source = source
+def _init_worker(source: rl_rows.TaskSource, checker: leakcheck.LeakChecker | None = None) -> None:
+  global _worker_source, _worker_checker
+  _worker_source, _worker_checker = source, checker
 
 
 def _describe_in_worker(key: tuple[str, str, int, str]) -> rl_rows.TaskDescription:
   return _worker_source.describe(*key)
+
+
+def workspace_findings(checker: leakcheck.LeakChecker, row: Mapping[str, Any], index: int,
+                       pool: str) -> list[leakcheck.LeakFinding]:
+  """Markers in the workspace an RL row resets to (regenerated from its recipe, digest checked);
+  rows of other task sources carry no regenerable workspace and give none."""
+  recipe = row["extra_info"]["workspace_recipe"]
+  if recipe["generator"] != f"{task_source.TasksPackageSource.name}/{recipe['track']}":
+    return []
+  instance = task_source.instance_for(row)
+  return checker.check_workspace(instance.files, index=index, pool=pool)
+
+
+def _workspace_in_worker(job: tuple[dict, int, str]) -> list[leakcheck.LeakFinding]:
+  return workspace_findings(_worker_checker, *job)
+
+
+def scan_workspaces(checker: leakcheck.LeakChecker, pools: Mapping[str, Sequence[Any]], *,
+                    workers: int = 1) -> list[leakcheck.LeakFinding]:
+  """`workspace_findings` of every row of a round (row indices as in its leak receipt)."""
+  jobs, index = [], 0
+  for pool, rows in pools.items():
+    for row in rows:
+      jobs.append((row, index, pool))
+      index += 1
+  if workers <= 1 or len(jobs) < 2 * workers:
+    return [f for job in jobs for f in workspace_findings(checker, *job)]
+  chunk = max(1, len(jobs) // (8 * workers))
+  with concurrent.futures.ProcessPoolExecutor(workers, initializer=_init_worker,
+                                              initargs=(None, checker)) as executor:
+    return [f for found in executor.map(_workspace_in_worker, jobs, chunksize=chunk)
+            for f in found]
 
 
 def describe_all(source: rl_rows.TaskSource, slots: Sequence[rounds.RowSlot], *,
@@ -76,6 +110,14 @@ def build_round(spec: rounds.RoundSpec, source: rl_rows.TaskSource,
     pools[slot.pool].append(rl_rows.rl_row(slot, task, round_index=spec.round_index,
                                            round_target=round_target))
   receipt = checker.check_rows((pool, row) for pool, rows in pools.items() for row in rows)
+  if receipt.passed:
+    in_workspaces = scan_workspaces(checker, pools, workers=workers)
+    if in_workspaces:
+      receipt = dataclasses.replace(
+          receipt, rows_rejected=len({f.row for f in in_workspaces}),
+          rejections_by_reason={**receipt.rejections_by_reason,
+                                "heldout_marker": len({f.row for f in in_workspaces})},
+          samples=tuple(in_workspaces[:20]))
   if not receipt.passed:
     raise leakcheck.RoundRejected(receipt)
   return BuiltRound(spec, pools, rounds.batch_composition(spec.weights.pool_mix,
@@ -95,33 +137,40 @@ def publish(bank: Path, built: BuiltRound, *, source_name: str) -> Path:
   })
 
 
-def load_matcher(path: Path | None, *, required: bool = True) -> markers.MarkerMatcher:
+def load_matcher(path: Path | None, *, allow_no_markers: bool = False) -> markers.MarkerMatcher:
   """The marker matcher from an evaluator export file.
 
-  A missing file is an error when `required` (an explicitly named export: fail closed), else an
-  empty matcher with a warning (the receipt then records marker_count=0).
+  Fails closed: a missing export is an error unless `allow_no_markers` (an explicit development
+  flag, `--allow-no-markers`), which gives an empty matcher and a receipt that records it.
   """
   if path is None or not Path(path).is_file():
-    if required:
-      raise FileNotFoundError(f"held-out marker export {path} does not exist")
+    if not allow_no_markers:
+      raise FileNotFoundError(
+          f"held-out marker export {path} does not exist: the leak pre-check fails closed "
+          "(pass --allow-no-markers for a development build without held-out markers)")
     logging.warning("no held-out marker export at %s: leak check runs without markers "
-                    "(the receipt records marker_count=0)", path)
+                    "(--allow-no-markers; the receipt records it)", path)
     return markers.MarkerMatcher(markers.empty_export())
   try:
-    export = json.loads(Path(path).read_text())
-  except json.JSONDecodeError as e:
+    export = json.loads(Path(path).read_bytes())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ValueError(f"marker export {path} is not valid JSON: {e}") from None
-  return markers.MarkerMatcher(export)
+  if not isinstance(export, dict):
+    raise ValueError(f"marker export {path} is not a JSON object")
+  try:
+    return markers.MarkerMatcher(export)
+  except (ValueError, TypeError, AttributeError) as e:
+    raise ValueError(f"marker export {path}: {e}") from None
 
 
 def build_and_publish(bank: Path, spec: rounds.RoundSpec, source: rl_rows.TaskSource, *,
-                      markers_path: Path | None = None, workers: int = 1) -> Path:
-  """build_round + publish. Markers: `markers_path` (must exist), else `BANK/markers.json` if
-  present."""
+                      markers_path: Path | None = None, workers: int = 1,
+                      allow_no_markers: bool = False) -> Path:
+  """build_round + publish. Markers: `markers_path`, else `BANK/markers.json`; one of them must
+  exist unless `allow_no_markers`."""
   bank = Path(bank)
-  if markers_path is not None:
-    matcher = load_matcher(markers_path)
-  else:
-    matcher = load_matcher(bank / MARKERS_FILE, required=False)
-  built = build_round(spec, source, leakcheck.LeakChecker(matcher), workers=workers)
+  matcher = load_matcher(bank / MARKERS_FILE if markers_path is None else markers_path,
+                         allow_no_markers=allow_no_markers)
+  checker = leakcheck.LeakChecker(matcher, allow_no_markers=allow_no_markers)
+  built = build_round(spec, source, checker, workers=workers)
   return publish(bank, built, source_name=source.name)

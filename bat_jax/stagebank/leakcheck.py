@@ -15,8 +15,9 @@ A row is bad when it holds, anywhere in its nested keys and values:
 - `reuse_flag`: a field whose name contains "reuse" with any value other than false / 0 / null /
   "false" / "no" / "".
 
-The receipt records rows checked, rejections by reason and the digest of the marker export, and
-never plaintext markers.
+The receipt records rows checked, rejections by reason, the digest of the marker export and, per
+pool, the sha256 of the checked rows' canonical encodings (`rows_sha256`: the reader rechecks it
+against the shards), and never plaintext markers.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import re
 from typing import Any, Iterable, Mapping
 
 from bat_jax.markers import MarkerMatcher
+from bat_jax.stagebank import shards
 
 REASONS: tuple[str, ...] = ("forbidden_field", "absolute_path", "heldout_marker", "reuse_flag")
 FORBIDDEN_FIELDS: tuple[str, ...] = (
@@ -39,6 +41,7 @@ SANDBOX_PATHS: tuple[str, ...] = (
     "/lib", "/lib64", "/sbin")
 _FALSE_STRINGS = frozenset({"", "false", "no", "0", "none", "null"})
 _MAX_SAMPLES = 20
+WORKSPACE_TEXT_BYTES = 64 * 1024
 
 # A `/`-rooted path that starts a token: at the start, or after whitespace, a quote or one of
 # `=:([{,;<>|`. So "and/or", "1/2", "models/*/card.json", "${d}/x" and URLs are not host paths.
@@ -83,6 +86,8 @@ class LeakReceipt:
   marker_export_digest: str
   marker_count: int
   samples: tuple[LeakFinding, ...]
+  allow_no_markers: bool = False
+  rows_sha256: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
   @property
   def passed(self) -> bool:
@@ -96,6 +101,8 @@ class LeakReceipt:
         "rejections_by_reason": dict(self.rejections_by_reason),
         "marker_export_digest": self.marker_export_digest,
         "marker_count": self.marker_count,
+        "allow_no_markers": self.allow_no_markers,
+        "rows_sha256": dict(self.rows_sha256),
         "samples": [dataclasses.asdict(f) for f in self.samples],
     }
 
@@ -126,9 +133,13 @@ def _is_true_flag(value: Any) -> bool:
 class LeakChecker:
   """Checks rows against the four leak reasons; memoises per-string results across a round."""
 
-  def __init__(self, matcher: MarkerMatcher, *,
+  def __init__(self, matcher: MarkerMatcher, *, allow_no_markers: bool = False,
                sandbox_paths: Iterable[str] = SANDBOX_PATHS):
+    if matcher.marker_count == 0 and not allow_no_markers:
+      raise ValueError("the held-out marker export holds no markers: the leak pre-check fails "
+                       "closed (allow_no_markers / --allow-no-markers for development builds)")
     self.matcher = matcher
+    self.allow_no_markers = bool(allow_no_markers)
     self._sandbox_paths = tuple(sandbox_paths)
     self._path_memo: dict[str, tuple[str, ...]] = {}
 
@@ -183,13 +194,35 @@ class LeakChecker:
       add("heldout_marker", hit.path, f"sha256:{hit.digest[:12]}")
     return findings
 
+  def check_workspace(self, files: Mapping[str, bytes | str], *, index: int = 0,
+                      pool: str = "") -> list[LeakFinding]:
+    """Held-out markers in the files a row's workspace resets to: every file name, and the
+    content of every UTF-8 text file up to `WORKSPACE_TEXT_BYTES` (briefs, specs, indexes,
+    scripts; not image rasters or binaries, where a marker is no text a policy reads)."""
+    findings = []
+    for rel in sorted(files):
+      content = files[rel]
+      if len(content) > WORKSPACE_TEXT_BYTES:
+        content = ""
+      elif isinstance(content, bytes):
+        try:
+          content = content.decode("utf-8")
+        except UnicodeDecodeError:
+          content = ""
+      for hit in self.matcher.find({rel: content}):
+        findings.append(LeakFinding(index, pool, "heldout_marker", f"workspace:{rel}",
+                                    f"sha256:{hit.digest[:12]}"))
+    return findings
+
   def check_rows(self, rows: Iterable[tuple[str, Any]]) -> LeakReceipt:
     """Checks (pool, row) pairs; the receipt's `passed` is False if any row was bad."""
     by_reason = collections.Counter({r: 0 for r in REASONS})
     samples: list[LeakFinding] = []
     checked = rejected = 0
+    records: dict[str, list[bytes]] = {}
     for index, (pool, row) in enumerate(rows):
       checked += 1
+      records.setdefault(pool, []).append(shards.encode_row(row))
       findings = self.check_row(row, index=index, pool=pool)
       if findings:
         rejected += 1
@@ -199,4 +232,6 @@ class LeakChecker:
     return LeakReceipt(rows_checked=checked, rows_rejected=rejected,
                        rejections_by_reason={r: by_reason[r] for r in REASONS},
                        marker_export_digest=self.matcher.digest,
-                       marker_count=self.matcher.marker_count, samples=tuple(samples))
+                       marker_count=self.matcher.marker_count, samples=tuple(samples),
+                       allow_no_markers=self.allow_no_markers,
+                       rows_sha256={p: shards.rows_digest(r) for p, r in records.items()})

@@ -20,6 +20,21 @@ from bat_jax.stagebank import shards
 Batch = list[dict[str, Any]]
 
 
+def _layout_fields(round_dir: Path, manifest: dict[str, Any]) -> tuple[dict[str, int], int]:
+  """(batch composition, n_batches) of a verified manifest, each a non-negative int."""
+  try:
+    composition = {p: manifest["batch_composition"][p] for p in workflow.POOLS}
+    n_batches = manifest["config"]["n_batches"]
+  except (KeyError, TypeError) as e:
+    raise shards.RoundFormatError(f"{round_dir / shards.MANIFEST}: field {e} is missing "
+                                  "(batch_composition per pool, config.n_batches)") from None
+  for name, value in [*composition.items(), ("n_batches", n_batches)]:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+      raise shards.RoundFormatError(f"{round_dir / shards.MANIFEST}: {name} {value!r} is not a "
+                                    "non-negative integer")
+  return composition, n_batches
+
+
 class RoundReader:
   """Iterates a round's batches (lists of row dicts) in deterministic order.
 
@@ -41,8 +56,7 @@ class RoundReader:
     self.round_dir = Path(round_dir)
     self.manifest = shards.verify_round(self.round_dir)
     self.manifest_sha256 = shards.manifest_digest(self.round_dir)
-    self.composition = {p: int(self.manifest["batch_composition"][p]) for p in workflow.POOLS}
-    self.n_batches = int(self.manifest["config"]["n_batches"])
+    self.composition, self.n_batches = _layout_fields(self.round_dir, self.manifest)
     self._sources = {
         pool: grain.sources.ArrayRecordDataSource([str(self.round_dir / shard["file"])])
         for pool, shard in self.manifest["shards"].items() if shard["rows"] > 0}
@@ -71,7 +85,9 @@ class RoundReader:
     rows = []
     for pool in workflow.POOLS:
       k = self.composition[pool]
-      rows.extend(shards.decode_row(self._sources[pool][b * k + j]) for j in range(k))
+      rows.extend(shards.decode_row(self._sources[pool][b * k + j],
+                                    f"{self.round_dir} pool {pool} record {b * k + j}")
+                  for j in range(k))
     return rows
 
   def __len__(self) -> int:

@@ -177,7 +177,7 @@ def server_alive(bank: Path) -> bool:
 
 def _handle_request(bank: Path, path: Path, source: rl_rows.TaskSource, *, seed: int,
                     n_batches: int, rows_per_batch: int, markers_path: Path | None,
-                    workers: int) -> None:
+                    workers: int, allow_no_markers: bool = False) -> None:
   """Builds and publishes one request, or writes its failure file."""
   round_index = int(_REQUEST_RE.match(path.name).group(1))
   try:
@@ -187,7 +187,8 @@ def _handle_request(bank: Path, path: Path, source: rl_rows.TaskSource, *, seed:
     spec = rounds.RoundSpec(round_index, weights, seed=seed, n_batches=n_batches,
                             rows_per_batch=rows_per_batch)
     t0 = time.monotonic()
-    out = build.build_and_publish(bank, spec, source, markers_path=markers_path, workers=workers)
+    out = build.build_and_publish(bank, spec, source, markers_path=markers_path, workers=workers,
+                                  allow_no_markers=allow_no_markers)
     logging.info("published %s in %.2fs", out, time.monotonic() - t0)
   except leakcheck.RoundRejected as e:
     logging.error("%s", e)
@@ -203,7 +204,7 @@ def serve(bank: Path, source_factory: Callable[[], rl_rows.TaskSource], *, seed:
           n_batches: int = rounds.REFERENCE_BATCHES,
           rows_per_batch: int = rounds.REFERENCE_ROWS_PER_BATCH,
           markers_path: Path | None = None, poll_s: float = 0.2,
-          max_rounds: int | None = None, workers: int = 1,
+          max_rounds: int | None = None, workers: int = 1, allow_no_markers: bool = False,
           stop: threading.Event | None = None) -> int:
   """Serves round requests until SIGTERM/SIGINT, `stop` is set or `max_rounds` requests were
   handled; returns the number handled. Signals are caught only when run in the main thread."""
@@ -226,7 +227,8 @@ def serve(bank: Path, source_factory: Callable[[], rl_rows.TaskSource], *, seed:
         stop.wait(poll_s)
         continue
       _handle_request(bank, todo[0], source, seed=seed, n_batches=n_batches,
-                      rows_per_batch=rows_per_batch, markers_path=markers_path, workers=workers)
+                      rows_per_batch=rows_per_batch, markers_path=markers_path, workers=workers,
+                      allow_no_markers=allow_no_markers)
       handled += 1
   finally:
     server_file.unlink(missing_ok=True)

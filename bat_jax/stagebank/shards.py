@@ -23,7 +23,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from array_record.python import array_record_module
 
@@ -38,6 +38,10 @@ _ROUND_RE = re.compile(r"^round_(\d{6})$")
 
 class ShardDigestError(RuntimeError):
   """A shard's sha256 does not match its manifest: nothing may train on the round."""
+
+
+class RoundFormatError(ShardDigestError, ValueError):
+  """A manifest or shard is malformed (bad JSON, missing field, truncated file, bad record)."""
 
 
 class RoundExistsError(RuntimeError):
@@ -62,8 +66,22 @@ def encode_row(row: Any) -> bytes:
                     allow_nan=False).encode("utf-8")
 
 
-def decode_row(record: bytes) -> Any:
-  return json.loads(record.decode("utf-8"))
+def decode_row(record: bytes, where: str = "record") -> Any:
+  """A row from its canonical JSON bytes; `where` (file and record index) names a bad one."""
+  try:
+    return json.loads(record.decode("utf-8"))
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise RoundFormatError(f"{where} is not a UTF-8 JSON row: {e}") from None
+
+
+def rows_digest(records: Iterable[bytes]) -> str:
+  """sha256 over length-prefixed records: what a leak receipt holds per pool, rechecked at read
+  time against the shard's records (a receipt is checked against the files, never believed)."""
+  h = hashlib.sha256()
+  for record in records:
+    h.update(len(record).to_bytes(8, "big"))
+    h.update(record)
+  return h.hexdigest()
 
 
 def sha256_file(path: Path) -> str:
@@ -137,19 +155,78 @@ def publish_round(bank: Path, round_index: int, pools: Mapping[str, Sequence[Any
 
 
 def load_manifest(round_dir: Path) -> dict[str, Any]:
-  """Reads a round's manifest (no digest check; see `verify_round`)."""
+  """Reads and validates a round's manifest (no digest check; see `verify_round`).
+
+  Raises:
+    FileNotFoundError: no manifest.
+    RoundFormatError: naming the manifest and the field when it is not valid JSON, lacks a field
+      or a shard entry is malformed (a file name that is not a plain name inside the round).
+  """
   path = Path(round_dir) / MANIFEST
-  if not path.is_file():
+  if path.is_symlink() or not path.is_file():
     raise FileNotFoundError(f"no {MANIFEST} in {round_dir}: not a published round")
-  manifest = json.loads(path.read_text())
+  try:
+    manifest = json.loads(path.read_bytes())
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise RoundFormatError(f"{path} is not valid JSON: {e}") from None
+  if not isinstance(manifest, dict):
+    raise RoundFormatError(f"{path} is not a JSON object")
   if manifest.get("schema_version") != SCHEMA_VERSION:
-    raise ValueError(f"{path}: schema_version {manifest.get('schema_version')!r} is not "
-                     f"{SCHEMA_VERSION}")
+    raise RoundFormatError(f"{path}: schema_version {manifest.get('schema_version')!r} is not "
+                           f"{SCHEMA_VERSION}")
+  shards = manifest.get("shards")
+  if not isinstance(shards, dict) or not shards:
+    raise RoundFormatError(f"{path}: field 'shards' is missing or not a non-empty object")
+  for pool, shard in shards.items():
+    _check_shard_entry(path, pool, shard)
+  total = manifest.get("total_rows")
+  if total != sum(s["rows"] for s in shards.values()):
+    raise RoundFormatError(f"{path}: field 'total_rows' {total!r} is not the sum of the shard "
+                           "row counts")
   return manifest
+
+
+def _check_shard_entry(path: Path, pool: str, shard: Any) -> None:
+  where = f"{path}: shards.{pool}"
+  if not isinstance(shard, dict):
+    raise RoundFormatError(f"{where} is not an object")
+  name = shard.get("file")
+  if (not isinstance(name, str) or name != Path(name).name or name in ("", ".", "..")
+      or name.startswith(".") or not name.endswith(SHARD_SUFFIX)):
+    raise RoundFormatError(f"{where}.file {name!r} is not a plain *{SHARD_SUFFIX} file name "
+                           "inside the round directory")
+  rows = shard.get("rows")
+  if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+    raise RoundFormatError(f"{where}.rows {rows!r} is not a non-negative integer")
+  digest = shard.get("sha256")
+  if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+    raise RoundFormatError(f"{where}.sha256 {digest!r} is not a sha256 hex digest")
+
+
+_EMPTY_ROWS_DIGEST = rows_digest(())
 
 
 def manifest_digest(round_dir: Path) -> str:
   return sha256_file(Path(round_dir) / MANIFEST)
+
+
+def read_records(path: Path, expected_rows: int) -> list[bytes]:
+  """All records of one shard file; a truncated or foreign file, or another record count than
+  the manifest's, is a RoundFormatError naming the file."""
+  try:
+    reader = array_record_module.ArrayRecordReader(str(path))
+    try:
+      count = reader.num_records()
+      records = reader.read_all() if count else []
+    finally:
+      reader.close()
+  except (RuntimeError, OSError, ValueError) as e:
+    raise RoundFormatError(f"shard {path} is not a readable ArrayRecord file (truncated or "
+                           f"corrupt): {e or type(e).__name__}") from None
+  if count != expected_rows or len(records) != expected_rows:
+    raise RoundFormatError(f"shard {path} holds {count} records, its manifest says "
+                           f"{expected_rows}")
+  return list(records)
 
 
 def read_rows(round_dir: Path, pool: str) -> list[Any]:
@@ -157,32 +234,54 @@ def read_rows(round_dir: Path, pool: str) -> list[Any]:
   manifest = verify_round(round_dir)
   if pool not in manifest["shards"]:
     raise KeyError(f"{round_dir} has no pool {pool!r}; it has {sorted(manifest['shards'])}")
-  path = Path(round_dir) / manifest["shards"][pool]["file"]
-  reader = array_record_module.ArrayRecordReader(str(path))
-  try:
-    return [decode_row(r) for r in reader.read_all()]
-  finally:
-    reader.close()
+  shard = manifest["shards"][pool]
+  path = Path(round_dir) / shard["file"]
+  return [decode_row(r, f"shard {path} record {i}")
+          for i, r in enumerate(read_records(path, shard["rows"]))]
+
+
+def _check_receipt(round_dir: Path, manifest: Mapping[str, Any]) -> Mapping[str, str]:
+  """The receipt's per-pool row digests, after checking it passed and covers every row."""
+  receipt = manifest.get("leak_receipt")
+  where = round_dir / MANIFEST
+  if not isinstance(receipt, Mapping) or receipt.get("passed") is not True:
+    raise ShardDigestError(f"{where}: leak receipt missing or not passed")
+  if receipt.get("rows_checked") != manifest["total_rows"]:
+    raise ShardDigestError(f"{where}: leak receipt checked {receipt.get('rows_checked')!r} rows, "
+                           f"the round has {manifest['total_rows']}")
+  digests = receipt.get("rows_sha256")
+  if not isinstance(digests, Mapping) or not set(digests) <= set(manifest["shards"]):
+    raise ShardDigestError(f"{where}: leak receipt has no row digest per pool (rows_sha256): it "
+                           "cannot be checked against the shards; rebuild the round")
+  return digests
 
 
 def verify_round(round_dir: Path) -> dict[str, Any]:
-  """Checks every shard against the manifest's sha256 and the leak receipt; returns the manifest.
+  """Checks every shard against the manifest and the leak receipt; returns the manifest.
+
+  Each shard must be a regular file (not a link) whose sha256 matches the manifest, whose record
+  count matches, whose records are UTF-8 JSON, and whose records hash to the digest the leak
+  receipt recorded for the rows it checked (a shard rewritten after publication with its manifest
+  digest fixed up is refused).
 
   Raises:
-    ShardDigestError: naming the first shard that is missing or whose digest does not match, or
-      a round whose leak receipt did not pass.
+    ShardDigestError / RoundFormatError: naming the manifest or shard at fault.
   """
   round_dir = Path(round_dir)
   manifest = load_manifest(round_dir)
-  receipt = manifest.get("leak_receipt")
-  if not isinstance(receipt, Mapping) or receipt.get("passed") is not True:
-    raise ShardDigestError(f"{round_dir / MANIFEST}: leak receipt missing or not passed")
+  receipt_digests = _check_receipt(round_dir, manifest)
   for pool, shard in manifest["shards"].items():
     path = round_dir / shard["file"]
-    if not path.is_file():
-      raise ShardDigestError(f"shard {path} (pool {pool}) is missing")
+    if path.is_symlink() or not path.is_file():
+      raise ShardDigestError(f"shard {path} (pool {pool}) is missing or not a regular file")
     actual = sha256_file(path)
     if actual != shard["sha256"]:
       raise ShardDigestError(f"shard {path} (pool {pool}) has sha256 {actual}, manifest says "
                              f"{shard['sha256']}: refusing to read this round")
+    records = read_records(path, shard["rows"])
+    if rows_digest(records) != receipt_digests.get(pool, _EMPTY_ROWS_DIGEST):
+      raise ShardDigestError(f"shard {path} (pool {pool}) holds other rows than the leak "
+                             "pre-check passed (receipt rows_sha256 differs): refusing it")
+    for i, record in enumerate(records):
+      decode_row(record, f"shard {path} record {i}")
   return manifest

@@ -23,11 +23,14 @@ def test_export_holds_no_plaintext():
   assert any(s.endswith(".pgm") for s in strings) and any(s.endswith(".csv") for s in strings)
   assert any(len(s) > 80 for s in strings)  # report texts / wording
   export = markers_export.export_cells(cells)
-  assert set(export) == {"scheme", "salt_hex", "min_chars", "window", "marker_count", "hashes"}
-  assert all(re.fullmatch(r"[0-9a-f]{64}", h) for hs in export["hashes"].values() for h in hs)
+  assert set(export) == {"scheme", "salt_hex", "min_chars", "window", "marker_count", "hashes",
+                         "squash", "anchors", "grams"}
+  all_hashes = ([h for table in ("hashes", "squash") for hs in export[table].values() for h in hs]
+                + list(export["anchors"]) + [h for g in export["grams"]["groups"] for h in g])
+  assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in all_hashes)
   assert export["scheme"] == markers.SCHEME and export["marker_count"] == len(strings)
   dumped = json.dumps(export).lower()
-  values = " ".join([export["salt_hex"]] + [h for hs in export["hashes"].values() for h in hs])
+  values = " ".join([export["salt_hex"]] + all_hashes)
   for s in strings:
     assert s.lower() not in dumped, s
     for token in markers.normalize_tokens(s):

@@ -28,6 +28,10 @@ def test_build_cli_publishes_and_rejects(tmp_path):
                                                    "S5": 0}}))
   common = ["--n-batches=2", "--source=synthetic_source:SyntheticSource"]
   done = _cli("build", "--round=5", f"--weights={weights}", f"--out={bank}", *common)
+  assert done.returncode == 2 and "fails closed" in done.stderr  # no export: nothing published
+  assert "Traceback" not in done.stderr and shards.published_rounds(bank) == []
+  done = _cli("build", "--round=5", f"--weights={weights}", f"--out={bank}", *common,
+              "--allow-no-markers")
   assert done.returncode == 0, done.stderr
   round_dir = Path(done.stdout.strip())
   assert round_dir == bank / "round_000005"

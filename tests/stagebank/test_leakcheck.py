@@ -10,7 +10,7 @@ from bat_jax.stagebank import build
 from bat_jax.stagebank import leakcheck
 from bat_jax.stagebank import rounds
 
-REFERENCE_DIR = Path("/work/shared/reference")
+REFERENCE_DIR = Path(__file__).parent / "fixtures"  # copies of the reference rows
 SMALL = rounds.RoundSpec(1, rounds.RoundWeights.for_target("S2"), seed=3, n_batches=6)
 
 
@@ -134,9 +134,23 @@ def test_one_bad_row_rejects_the_whole_round(checker, source, leak, reason):
 
 
 def test_named_marker_export_must_exist(tmp_path):
-  with pytest.raises(FileNotFoundError, match="nope.json"):
+  with pytest.raises(FileNotFoundError, match="nope.json.*fails closed"):
     build.load_matcher(tmp_path / "nope.json")
-  assert build.load_matcher(tmp_path / "nope.json", required=False).marker_count == 0
+  assert build.load_matcher(tmp_path / "nope.json", allow_no_markers=True).marker_count == 0
   (tmp_path / "bad.json").write_text("{")
   with pytest.raises(ValueError, match="bad.json"):
     build.load_matcher(tmp_path / "bad.json")
+
+
+def test_no_marker_export_fails_closed_unless_allowed(tmp_path, source):
+  """Without an export nothing is published; the development flag is recorded in the receipt."""
+  bank = tmp_path / "bank"
+  with pytest.raises(FileNotFoundError, match="markers.json.*--allow-no-markers"):
+    build.build_and_publish(bank, SMALL, source)
+  assert not bank.exists() or not any(bank.iterdir())
+  empty = build.load_matcher(None, allow_no_markers=True)
+  with pytest.raises(ValueError, match="no markers.*fails closed"):
+    leakcheck.LeakChecker(empty)
+  out = build.build_and_publish(bank, SMALL, source, allow_no_markers=True)
+  receipt = json.loads((out / "manifest.json").read_text())["leak_receipt"]
+  assert receipt["allow_no_markers"] is True and receipt["marker_count"] == 0

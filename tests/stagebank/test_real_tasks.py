@@ -46,7 +46,8 @@ def test_rows_hold_no_hidden_answers_and_rebuild_from_their_recipe(built):
 
 
 def test_every_expert_action_passes_the_leak_check():
-  checker = leakcheck.LeakChecker(markers.MarkerMatcher(markers.empty_export()))
+  checker = leakcheck.LeakChecker(markers.MarkerMatcher(markers.empty_export()),
+                                   allow_no_markers=True)
   n = 0
   for track in workflow.TRACKS:
     for outcome in workflow.OUTCOMES:
@@ -70,3 +71,25 @@ def test_materialize_row_rebuilds_the_boundary_workspace(built, tmp_path, requir
   tampered["extra_info"]["provenance"]["source_digest"] = "0" * 64
   with pytest.raises(ValueError, match=row["extra_info"]["state_id"]):
     task_source.instance_for(tampered)
+
+
+def test_workspace_files_rows_reset_to_are_scanned():
+  """A marker present only inside a task's workspace files (not in the row) rejects the round."""
+  spec = rounds.RoundSpec(0, rounds.RoundWeights.for_target("S1"), seed=4, n_batches=1)
+  source = task_source.TasksPackageSource()
+  clean = leakcheck.LeakChecker(markers.MarkerMatcher(markers.export_markers(
+      ["unrelated-heldout-9931"], salt="ws")))
+  built = build.build_round(spec, source, clean)
+  assert built.receipt.passed
+  row = built.pools["s_target"][0]
+  instance = task_source.instance_for(row)
+  row_text = json.dumps(built.pools).lower()
+  hidden = next(line.strip() for rel, content in sorted(instance.files.items())
+                if rel.endswith((".csv", ".json", ".py", ".txt", ".md"))
+                for line in content.decode("utf-8", "ignore").splitlines()
+                if len(line.strip()) > 12 and line.strip().lower() not in row_text)
+  leaky = leakcheck.LeakChecker(markers.MarkerMatcher(markers.export_markers([hidden],
+                                                                            salt="ws")))
+  with pytest.raises(leakcheck.RoundRejected, match="workspace:") as err:
+    build.build_round(spec, source, leaky)
+  assert err.value.receipt.rejections_by_reason["heldout_marker"] >= 1

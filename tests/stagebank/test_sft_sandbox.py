@@ -17,7 +17,8 @@ STATES = (grid.GridState("S2", "segmentation", "recovery"),
 
 
 def test_sft_set_from_executed_expert_actions(tmp_path, require_bwrap):
-  checker = leakcheck.LeakChecker(markers.MarkerMatcher(markers.empty_export()))
+  checker = leakcheck.LeakChecker(markers.MarkerMatcher(markers.empty_export()),
+                                   allow_no_markers=True)
   spec = sft_rows.SftSpec(seed=4, states=STATES)
   out = sft_rows.build_sft_set(tmp_path / "sft", spec, checker)
   rows = sft_rows.load_sft_rows(out)
