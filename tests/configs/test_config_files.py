@@ -88,7 +88,7 @@ def test_misspelt_override_fails_naming_the_field():
     ("--config.grpo.dual_clip=1.0", "config.grpo: dual_clip must be > 1"),
     ("--config.grpo.loss_norm_length=0", "config.grpo.loss_norm_length: must be > 0"),
     ("--config.distributed.enabled=true --config.distributed.num_processes=3",
-     "config.grpo.prompt_groups: 2 state_id groups do not split evenly over"),
+     "config.grpo.prompt_groups: 4 state_id groups do not split evenly over"),
     ("--config.model.source=pretrained", "config.model.path: a pretrained model needs"),
     ("--config.model.hf_config.num_hidden_layers=3",
      "config.model.hf_config.layer_types: has 4 entries but num_hidden_layers = 3"),

@@ -84,7 +84,7 @@ def test_train_and_heldout_differ_but_share_the_tools():
   tf, hf = toolspace.facts(train), toolspace.facts(held)
   assert all(tf[k] != hf[k] for k in ("card", "weights", "data", "submission"))
   assert train.brief.split("Facts:")[0] != held.brief.split("facts:")[0]
-  assert train.task_id != held.task_id and held.task_id.startswith("ho-")
+  assert train.task_id != held.task_id and held.task_id.startswith("task-")
 
 
 def test_wrong_grounding_fails_or_is_rejected(require_bwrap, tmp_path):
