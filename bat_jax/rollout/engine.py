@@ -35,6 +35,9 @@ class SamplingParams:
     top_k: keep the k most likely tokens; -1 disables it (0 is refused, as SGLang does).
     min_p: drop tokens whose probability is below min_p times the most likely one's (0: off).
     stop_token_ids: generation ends after emitting any of these (the id is kept in the output).
+    seed: per-request sampling seed (SGLang's `sampling_seed`): the token at absolute position
+      p is drawn with fold_in(key(seed), p), so the same request and seed give the same tokens
+      whatever else is batched with it. None: the engine's own PRNG stream (`reseed`).
   """
   max_new_tokens: int = 256
   temperature: float = 1.0
@@ -42,6 +45,7 @@ class SamplingParams:
   top_k: int = -1
   min_p: float = 0.0
   stop_token_ids: tuple[int, ...] = ()
+  seed: Optional[int] = None
 
   def __post_init__(self):
     _check(isinstance(self.max_new_tokens, int) and not isinstance(self.max_new_tokens, bool)
@@ -60,6 +64,9 @@ class SamplingParams:
     ids = self.stop_token_ids
     _check(isinstance(ids, tuple) and all(isinstance(t, int) and t >= 0 for t in ids),
            "stop_token_ids", ids, "a tuple of non-negative token ids")
+    _check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
+                                 and -(1 << 63) <= self.seed < (1 << 64)),
+           "seed", self.seed, "None or a 64-bit integer")
 
   @classmethod
   def from_dict(cls, d: Mapping[str, Any], *, default_max_new_tokens: int = 256
@@ -67,7 +74,7 @@ class SamplingParams:
     """Parses SGLang `sampling_params`; unknown or ill-typed fields raise, naming the field."""
     if not isinstance(d, Mapping):
       raise ValueError(f"sampling_params must be a JSON object, got {type(d).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = {f.name for f in dataclasses.fields(cls)} - {"seed"} | {"sampling_seed"}
     # Accepted for protocol compatibility; they only affect text, which we never trim.
     ignored = {"skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens"}
     unknown = sorted(set(d) - known - ignored)
@@ -76,6 +83,8 @@ class SamplingParams:
                        f"supported: {sorted(known)}")
     kwargs = {k: d[k] for k in known if k in d and d[k] is not None}
     kwargs.setdefault("max_new_tokens", default_max_new_tokens)
+    if "sampling_seed" in kwargs:  # SGLang's name
+      kwargs["seed"] = kwargs.pop("sampling_seed")
     if "stop_token_ids" in kwargs:
       stop = kwargs["stop_token_ids"]
       _check(isinstance(stop, (list, tuple)), "stop_token_ids", stop, "a list of token ids")
@@ -86,7 +95,8 @@ class SamplingParams:
 
   def to_dict(self) -> dict[str, Any]:
     """SGLang `sampling_params` JSON (stop token kept in the output, specials kept in text)."""
-    return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
+    seed = {} if self.seed is None else {"sampling_seed": self.seed}
+    return {**seed, "max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
             "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
             "stop_token_ids": list(self.stop_token_ids),
             "skip_special_tokens": False, "no_stop_trim": True}

@@ -66,7 +66,8 @@ import numpy as np
 from flax import nnx
 
 from bat_jax.rollout.engine import Completion, GenerateRequest, PromptTooLongError
-from bat_jax.rollout.sampling import sample_tokens, token_logprobs
+from bat_jax.rollout.sampling import (position_keys, sample_tokens, seed_key_data,
+                                     token_logprobs)
 
 Array = jax.Array
 
@@ -265,13 +266,18 @@ class JaxEngine:
     min_p = np.zeros(cfg.num_slots, np.float32)
     stop_ids = np.full((cfg.num_slots, cfg.max_stop_ids), -1, np.int32)
     budget = np.zeros(cfg.num_slots, np.int32)
+    seed_data = np.zeros((cfg.num_slots, 2), np.uint32)   # per-request seeds (SamplingParams.seed)
+    seeded = np.zeros(cfg.num_slots, bool)
     for (s, _), req in zip(plan, wave):
       sp = req.sampling
       temperature[s], top_p[s], top_k[s], min_p[s] = (sp.temperature, sp.top_p, sp.top_k,
                                                       sp.min_p)
       stop_ids[s, :len(sp.stop_token_ids)] = sp.stop_token_ids
       budget[s] = min(sp.max_new_tokens, cfg.max_len - int(self._lengths[s]))
-    outputs = self._decode_all(rows, budget, temperature, top_p, top_k, min_p, stop_ids)
+      if sp.seed is not None:
+        seed_data[s], seeded[s] = seed_key_data(sp.seed), True
+    outputs = self._decode_all(rows, budget, temperature, top_p, top_k, min_p, stop_ids,
+                               seed_data, seeded)
 
     completions = []
     for (s, cached), req in zip(plan, wave):
@@ -309,12 +315,13 @@ class JaxEngine:
       self._lengths += valid.sum(axis=1).astype(np.int32)
       start += chunk
 
-  def _decode_all(self, rows, budget, temperature, top_p, top_k, min_p, stop_ids
-                  ) -> dict[int, tuple[list[int], list[float]]]:
+  def _decode_all(self, rows, budget, temperature, top_p, top_k, min_p, stop_ids, seed_data,
+                  seeded) -> dict[int, tuple[list[int], list[float]]]:
     """Decodes blocks until every row stopped or ran out of budget."""
     active = rows & (budget > 0)
     outputs = {int(s): ([], []) for s in np.flatnonzero(rows)}
-    args = [jnp.asarray(a) for a in (temperature, top_p, top_k, min_p, stop_ids)]
+    args = [jnp.asarray(a) for a in (temperature, top_p, top_k, min_p, stop_ids, seed_data,
+                                     seeded)]
     lengths, active_d, budget_d = (jnp.asarray(self._lengths), jnp.asarray(active),
                                    jnp.asarray(budget))
     while bool(np.any(active)):
@@ -372,11 +379,12 @@ def _prefill_chunk(graphdef, cfg: JaxEngineConfig, params, cache, last_logits, t
 
 @functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3, 4))
 def _decode_block(graphdef, cfg: JaxEngineConfig, params, cache, last_logits, lengths, active,
-                  budget, temperature, top_p, top_k, min_p, stop_ids, key):
+                  budget, temperature, top_p, top_k, min_p, stop_ids, seed_data, seeded, key):
   """Up to cfg.decode_block steps of sample -> logprob -> feed, stopping when no row is active.
 
   Per row [S]: lengths (tokens in the cache), active, budget (tokens it may still emit),
-  temperature / top_p / top_k / min_p; stop_ids [S, K] (-1 padded). Returns the new cache, logits,
+  temperature / top_p / top_k / min_p; stop_ids [S, K] (-1 padded); seed_data [S, 2] and
+  seeded [S]: a seeded row samples position p with fold_in(key(seed), p), not `key`. Returns the new cache, logits,
   lengths, active, budget, the emitted tokens and logprobs [S, decode_block], how many each
   row emitted [S], and the advanced key.
   """
@@ -390,7 +398,8 @@ def _decode_block(graphdef, cfg: JaxEngineConfig, params, cache, last_logits, le
     key, sub = jax.random.split(c["key"])
     emit = c["active"]
     tok = sample_tokens(c["logits"], sub, temperature=temperature, top_p=top_p, top_k=top_k,
-                        min_p=min_p)
+                        min_p=min_p, row_keys=position_keys(seed_data, c["lengths"]),
+                        seeded=seeded)
     logp = token_logprobs(c["logits"], tok, temperature)
     # Feed every emitted token (the stop token too) so the cache holds the whole history.
     hidden, cache = model.hidden_states(tok[:, None], positions=c["lengths"][:, None],

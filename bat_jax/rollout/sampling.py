@@ -9,12 +9,18 @@ recomputes the same quantity as log softmax(logits / T), so with equal params th
 to float error, and GRPO's truncated importance sampling (`grpo.tis_cap`) corrects for what
 is left (bf16 serving, a stale server). Truncation (top_k, top_p < 1) is not in the reported
 logprob: keep top_p = 1 and top_k = -1 for unbiased rollouts.
+
+Seeded rows (a request's `seed`): the token at absolute position p is drawn with the row's own
+key fold_in(key(seed), p) (`row_keys`), so it depends only on (seed, p, that row's logits), never
+on the batch, the slot or where a decode block started. Unseeded rows share the engine's key
+for the step, as before.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -34,13 +40,29 @@ def token_logprobs(logits: Array, tokens: Array, temperature: Array) -> Array:
   return jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
 
 
+def seed_key_data(seed: int) -> np.ndarray:
+  """uint32 [2] raw threefry key data for a 64-bit seed, signed or not (OpenAI allows both).
+
+  Equal to `jax.random.key_data(jax.random.key(seed))` for 0 <= seed < 2**31.
+  """
+  bits = int(seed) % (1 << 64)
+  return np.array([bits >> 32, bits & 0xFFFFFFFF], np.uint32)
+
+
+def position_keys(seed_data: Array, positions: Array) -> Array:
+  """Per-row sampling keys fold_in(key(seed), position). seed_data [S, 2] uint32, positions [S]."""
+  return jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(seed_data), positions)
+
+
 def sample_tokens(logits: Array, key: Array, *, temperature: Array, top_p: Array,
-                  top_k: Array, min_p: Array | None = None) -> Array:
+                  top_k: Array, min_p: Array | None = None, row_keys: Array | None = None,
+                  seeded: Array | None = None) -> Array:
   """Draws one token per row.
 
   Args:
     logits: [S, V] float32 raw logits.
-    key: PRNG key.
+    key: PRNG key of the unseeded rows (one draw over the batch).
+    row_keys, seeded: optional [S] keys and [S] bool; a seeded row draws with its own key.
     temperature: [S]; 0 means greedy (argmax).
     top_p: [S] nucleus mass in (0, 1].
     top_k: [S] int; <= 0 disables it.
@@ -55,8 +77,16 @@ def sample_tokens(logits: Array, key: Array, *, temperature: Array, top_p: Array
   scaled = logits / effective_temperature(temperature)[:, None]
   min_p = jnp.zeros_like(top_p) if min_p is None else min_p
 
+  def draw(rows):  # [S, V] -> [S]
+    shared = jax.random.categorical(key, rows, axis=-1)
+    if row_keys is None:
+      return shared
+    own = lambda: jax.vmap(jax.random.categorical)(row_keys, rows)  # noqa: E731
+    return jax.lax.cond(jnp.any(seeded), lambda: jnp.where(seeded, own(), shared),
+                        lambda: shared)
+
   def unfiltered(_):
-    return jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+    return draw(scaled).astype(jnp.int32)
 
   def filtered(_):
     order = jnp.argsort(-scaled, axis=-1)                               # [S, V] descending
@@ -69,7 +99,7 @@ def sample_tokens(logits: Array, key: Array, *, temperature: Array, top_p: Array
     # min_p: p_i >= min_p * p_max  <=>  scaled_i >= scaled_max + log(min_p) (rank 0 kept).
     keep &= (ranked >= ranked[:, :1] + jnp.log(jnp.maximum(min_p, 1e-30))[:, None]) | (
         min_p[:, None] <= 0)
-    choice = jax.random.categorical(key, jnp.where(keep, ranked, -jnp.inf), axis=-1)
+    choice = draw(jnp.where(keep, ranked, -jnp.inf))
     return jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
 
   # The full-vocabulary sort only runs when some row truncates.

@@ -129,8 +129,8 @@ class OpenAIChat:
       top_n = P.integer(g("top_logprobs", 0), "top_logprobs", lo=0, hi=P.MAX_TOP_LOGPROBS)
     elif body.get("top_logprobs"):
       raise RequestError("top_logprobs needs logprobs = true")
-    if body.get("seed") is not None:
-      P.integer(body["seed"], "seed", lo=-(1 << 63), hi=(1 << 64) - 1)
+    seed = None if body.get("seed") is None else P.integer(
+        body["seed"], "seed", lo=P.SEED_RANGE[0], hi=P.SEED_RANGE[1])
     if body.get("user") is not None and not isinstance(body["user"], str):
       raise RequestError("user must be a string")
     fmt_ok = body.get("response_format")
@@ -148,7 +148,7 @@ class OpenAIChat:
             max_tokens, "max_completion_tokens" if "max_completion_tokens" in body
             else "max_tokens", lo=1, hi=1 << 30),
         stop=P.stop_strings(body.get("stop"), "stop"), stop_token_ids=fmt.stop_token_ids,
-        n=P.integer(g("n", 1), "n", lo=1, hi=P.MAX_N), top_logprobs=top_n)
+        n=P.integer(g("n", 1), "n", lo=1, hi=P.MAX_N), top_logprobs=top_n, seed=seed)
     P.check_stop_ids(sampling, self.app.max_stop_ids, "stop")
     return sampling
 

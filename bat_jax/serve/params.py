@@ -9,6 +9,7 @@ enforces around it: stop strings, EOS handling, n, logprob detail).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from http import HTTPStatus
 from typing import Any, Mapping, Optional, Sequence
@@ -20,6 +21,7 @@ MAX_BATCH = 256             # prompts x n per request
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_TOP_LOGPROBS = 20       # OpenAI's limit
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)   # OpenAI: int64; SGLang: any int; both fit here
 GREEDY_EPS = 1e-6           # SGLang: temperature below this is greedy
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
 
@@ -115,6 +117,8 @@ class Sampling:
     n: samples per prompt.
     skip_special_tokens, no_stop_trim: how the text is rendered (SGLang semantics).
     top_logprobs: alternatives reported per generated token (0 = none).
+    seed: OpenAI `seed` / SGLang `sampling_seed`; None = the engine's PRNG stream (not
+      reproducible across batches). Choice i samples with `choice_seed(seed, i)`.
   """
   temperature: float = 1.0
   top_p: float = 1.0
@@ -129,6 +133,7 @@ class Sampling:
   skip_special_tokens: bool = True
   no_stop_trim: bool = False
   top_logprobs: int = 0
+  seed: Optional[int] = None
 
   @property
   def engine_stop_ids(self) -> tuple[int, ...]:
@@ -140,10 +145,25 @@ class Sampling:
     """The temperature of the distribution the tokens are drawn from (greedy: 1)."""
     return self.temperature if self.temperature > 0 else 1.0
 
-  def engine_params(self, max_new_tokens: int, vocab_size: int) -> SamplingParams:
+  def engine_params(self, max_new_tokens: int, vocab_size: int, index: int = 0
+                    ) -> SamplingParams:
+    """The engine's settings for choice `index` (its own seed when the request has one)."""
     return SamplingParams(max_new_tokens=max_new_tokens, temperature=self.temperature,
                           top_p=self.top_p, top_k=min(self.top_k, vocab_size),
-                          min_p=self.min_p, stop_token_ids=self.engine_stop_ids)
+                          min_p=self.min_p, stop_token_ids=self.engine_stop_ids,
+                          seed=choice_seed(self.seed, index))
+
+
+def choice_seed(seed: Optional[int], index: int) -> Optional[int]:
+  """The sampling seed of choice `index` of a request seeded with `seed`.
+
+  Choice 0 keeps the seed (so n = 1 and the first of n agree); the others get a 64-bit hash of
+  (seed, index), so the n choices differ and do not collide with a neighbouring seed's choices.
+  """
+  if seed is None or index == 0:
+    return seed
+  digest = hashlib.blake2b(f"{seed}/{index}".encode(), digest_size=8).digest()
+  return int.from_bytes(digest, "little")
 
 
 # SGLang 0.5.23 sampling_params fields we implement, and those accepted only at their default
@@ -151,11 +171,11 @@ class Sampling:
 _SGLANG_ONLY_DEFAULT = {"frequency_penalty": 0.0, "presence_penalty": 0.0,
                         "repetition_penalty": 1.0, "min_new_tokens": 0, "json_schema": None,
                         "regex": None, "ebnf": None, "structural_tag": None, "stop_regex": None,
-                        "custom_params": None, "logit_bias": None, "sampling_seed": None}
+                        "custom_params": None, "logit_bias": None}
 SGLANG_SAMPLING_FIELDS = frozenset(
     {"max_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p", "n",
      "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
-     "stream_interval"} | set(_SGLANG_ONLY_DEFAULT))
+     "stream_interval", "sampling_seed"} | set(_SGLANG_ONLY_DEFAULT))
 
 
 def only_default(body: Mapping, defaults: Mapping[str, Any], where: str) -> None:
@@ -191,6 +211,9 @@ def sglang_sampling(d: Any, *, vocab_size: int, eos_token_ids: Sequence[int],
                        "as SGLang")
   kw["min_p"] = number(get("min_p", 0.0), f("min_p"), lo=0.0, hi=1.0)
   kw["n"] = integer(get("n", 1), f("n"), lo=1, hi=MAX_N)
+  if d.get("sampling_seed") is not None:
+    kw["seed"] = integer(d["sampling_seed"], f("sampling_seed"), lo=SEED_RANGE[0],
+                         hi=SEED_RANGE[1])
   for key in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
               "no_stop_trim"):
     if d.get(key) is not None:

@@ -162,7 +162,7 @@ class Scheduler:
         continue
       batch.append(job)
       requests.append(GenerateRequest(
-          ids, job.sampling.engine_params(min(want, room, self.step_tokens), vocab)))
+          ids, job.sampling.engine_params(min(want, room, self.step_tokens), vocab, job.index)))
     if not batch:
       return
     self.steps += 1
