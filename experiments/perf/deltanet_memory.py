@@ -7,6 +7,7 @@ estimate: activations O(T * H * (Dk + Dv)) plus one fp32 [H, Dk, Dv] state per
 
   python experiments/perf/deltanet_memory.py [--dtype=bfloat16] [--tokens=1024,2048,4096,8192]
       [--top=8]   # print the largest buffers of the longest T's HLO
+  python experiments/perf/deltanet_memory.py --remat_check   # does this backend keep remat?
 """
 
 from __future__ import annotations
@@ -62,12 +63,38 @@ def largest_buffers(compiled, top: int):
   return sorted(found.items(), key=lambda kv: -kv[1])[:top]
 
 
+def remat_check(layers: int = 4, tokens: int = 8192, width: int = 1024):
+  """Temp of `layers` jax.checkpoint-ed toy MLP layers, remat on vs off, and whether the
+  compiled HLO still recomputes (tanh count) and keeps optimization barriers."""
+  def layer(w, x):
+    h = jnp.tanh(x @ w[0])
+    return x + jnp.tanh(h @ w[1]) @ w[2]
+  for policy in (jax.checkpoint_policies.nothing_saveable, None):
+    f = layer if policy is None else jax.checkpoint(layer, policy=policy)
+
+    def loss(ws, x, f=f):
+      for w in ws:
+        x = f(w, x)
+      return jnp.sum(x ** 2)
+    ws = [jax.ShapeDtypeStruct((3, width, width), jnp.float32)] * layers
+    lowered = jax.jit(jax.grad(loss)).lower(ws, jax.ShapeDtypeStruct((tokens, width), jnp.float32))
+    compiled = lowered.compile()
+    text = compiled.as_text()
+    print(f"remat {'off' if policy is None else 'on '}: temp "
+          f"{compiled.memory_analysis().temp_size_in_bytes / 2**20:7.1f} MiB, barriers lowered "
+          f"{lowered.as_text().count('optimization_barrier')} compiled {text.count('opt-barrier')}, "
+          f"tanh {text.count(' tanh(')} (forward only: {2 * layers})")
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--dtype", default="float32")
   ap.add_argument("--tokens", default="1024,2048,4096,8192")
   ap.add_argument("--top", type=int, default=0)
+  ap.add_argument("--remat_check", action="store_true")
   args = ap.parse_args()
+  if args.remat_check:
+    return remat_check()
   dtype = jnp.dtype(args.dtype)
   tokens = [int(t) for t in args.tokens.split(",")]
   h, dk, dv, chunk = 32, 128, 128, 64
