@@ -105,36 +105,18 @@ def unit_lower_inverse(a: jax.Array) -> jax.Array:
   return inverse
 
 
-def gated_delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
-                             beta: jax.Array, state: jax.Array, chunk_size: int = 64
-                             ) -> tuple[jax.Array, jax.Array]:
-  """Chunk-parallel gated delta rule (same contract as the recurrent form).
+def _chunk_group(state: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
+                 beta: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Gated delta rule over a group of G full chunks of C tokens.
 
-  Inside a chunk of C tokens the sequential writes are condensed with the
-  inverse of a unit lower-triangular system (the UT transform); only the
-  chunk-to-chunk state hand-off is a scan, so there is no loop over tokens.
-  Decay factors are only ever exp of non-positive numbers (differences are
-  masked to the causal triangle before exp), and the UT inverse is the stable
-  block-doubling form of `unit_lower_inverse`.
+  Args:
+    state: [B, H, Dk, Dv] fp32 state before the group.
+    q, k: [B, H, G, C, Dk]; v: [B, H, G, C, Dv]; g, beta: [B, H, G, C] (fp32).
+  Returns:
+    (state after the group, out [B, H, G, C, Dv]).
   """
-  q, k, v, g, beta, state = (a.astype(jnp.float32) for a in (q, k, v, g, beta, state))
-  b, t, h, dk = k.shape
-  dv = v.shape[-1]
-  # Always full chunks (T padded up): a token's arithmetic does not depend on how many tokens
-  # follow it, so right padding leaves real-token outputs bit-for-bit comparable.
-  c = chunk_size
-  pad = (-t) % c
-  if pad:  # g = beta = 0 on padding: no decay, no write.
-    q, k, v = (jnp.pad(a, ((0, 0), (0, pad), (0, 0), (0, 0))) for a in (q, k, v))
-    g, beta = (jnp.pad(a, ((0, 0), (0, pad), (0, 0))) for a in (g, beta))
-  n = (t + pad) // c
-
-  def chunks(a):  # [B, T, H, ...] -> [B, H, N, C, ...]
-    a = jnp.moveaxis(a, 2, 1)
-    return a.reshape(a.shape[:2] + (n, c) + a.shape[3:])
-
-  q, k, v, g, beta = (chunks(a) for a in (q, k, v, g, beta))
-  g_cum = jnp.cumsum(g, axis=-1)  # [B, H, N, C] log decay from chunk start
+  c = q.shape[-2]
+  g_cum = jnp.cumsum(g, axis=-1)  # [B, H, G, C] log decay from chunk start
   incl_lower = jnp.tril(jnp.ones((c, c), dtype=bool))
   strict_lower = jnp.tril(jnp.ones((c, c), dtype=bool), -1)
   diff = g_cum[..., :, None] - g_cum[..., None, :]  # [.., i, j] decay from j to i
@@ -152,7 +134,7 @@ def gated_delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Ar
   intra = mm("...ik,...jk->...ij", q, k) * decay  # causal within the chunk
   q_decayed = q * jnp.exp(g_cum)[..., None]
   k_to_end = k * jnp.exp(g_cum[..., -1:] - g_cum)[..., None]
-  chunk_decay = jnp.exp(g_cum[..., -1])  # [B, H, N]
+  chunk_decay = jnp.exp(g_cum[..., -1])  # [B, H, G]
 
   def step(s, inputs):
     u_i, w_i, q_i, k_i, intra_i, decay_i = inputs
@@ -162,8 +144,50 @@ def gated_delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Ar
     return s, out
 
   xs = tuple(jnp.moveaxis(a, 2, 0) for a in (u, w, q_decayed, k_to_end, intra, chunk_decay))
-  state, out = jax.lax.scan(step, state, xs)  # out: [N, B, H, C, Dv]
-  out = jnp.moveaxis(out, 0, 2).reshape(b, h, n * c, dv)[:, :, :t]
+  state, out = jax.lax.scan(step, state, xs)  # out: [G, B, H, C, Dv]
+  return state, jnp.moveaxis(out, 0, 2)
+
+
+def gated_delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
+                             beta: jax.Array, state: jax.Array, chunk_size: int = 64,
+                             chunks_per_group: int = 16) -> tuple[jax.Array, jax.Array]:
+  """Chunk-parallel gated delta rule (same contract as the recurrent form).
+
+  Inside a chunk of C tokens the sequential writes are condensed with the
+  inverse of a unit lower-triangular system (the UT transform); only the
+  chunk-to-chunk state hand-off is a scan, so there is no loop over tokens.
+  Decay factors are only ever exp of non-positive numbers (differences are
+  masked to the causal triangle before exp), and the UT inverse is the stable
+  block-doubling form of `unit_lower_inverse`.
+
+  Memory: chunks are processed in groups of up to `chunks_per_group` by a
+  rematerialised scan, so the backward keeps one [H, Dk, Dv] state per group
+  and recomputes a group's [C, C] matrices, inverses and per-chunk states while
+  differentiating it; the whole-sequence intermediates (several fp32
+  [H, T, C] and [H, T, D] arrays per layer) are never live at once.
+  """
+  q, k, v, g, beta, state = (a.astype(jnp.float32) for a in (q, k, v, g, beta, state))
+  b, t, h, dk = k.shape
+  dv = v.shape[-1]
+  # Always full chunks (T padded up): a token's arithmetic does not depend on how many tokens
+  # follow it, so right padding leaves real-token outputs bit-for-bit comparable. Whole groups
+  # too: fewest groups of at most `chunks_per_group`, sized evenly (< 1 padded chunk per group).
+  c = chunk_size
+  n = -(-t // c)
+  num_groups = -(-n // chunks_per_group)
+  group = -(-n // num_groups)
+  pad = num_groups * group * c - t
+  if pad:  # g = beta = 0 on padding: no decay, no write.
+    q, k, v = (jnp.pad(a, ((0, 0), (0, pad), (0, 0), (0, 0))) for a in (q, k, v))
+    g, beta = (jnp.pad(a, ((0, 0), (0, pad), (0, 0))) for a in (g, beta))
+
+  def groups(a):  # [B, T, H, ...] -> [NG, B, H, G, C, ...]
+    a = jnp.moveaxis(a, 2, 1)
+    return jnp.moveaxis(a.reshape(a.shape[:2] + (num_groups, group, c) + a.shape[3:]), 2, 0)
+
+  body = jax.checkpoint(lambda s, xs: _chunk_group(s, *xs))
+  state, out = jax.lax.scan(body, state, tuple(groups(a) for a in (q, k, v, g, beta)))
+  out = jnp.moveaxis(out, 0, 2).reshape(b, h, num_groups * group * c, dv)[:, :, :t]
   return jnp.moveaxis(out, 1, 2), state
 
 
