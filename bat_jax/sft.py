@@ -135,8 +135,8 @@ class SftBatches:
     self._batches = iter(dataset)
 
   def next_batch(self, trainer: Trainer, state: TrainState) -> Batch:
-    del trainer, state
-    return next(self._batches)
+    del state
+    return trainer.place_batch(next(self._batches))  # the same rows on every process
 
   def record(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
     del step
