@@ -135,8 +135,8 @@ class SftBatches:
     self._batches = iter(dataset)
 
   def next_batch(self, trainer: Trainer, state: TrainState) -> Batch:
-    del trainer, state
-    return next(self._batches)
+    del state
+    return trainer.place_batch(next(self._batches))  # the same rows on every process
 
   def record(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
     del step
@@ -157,7 +157,7 @@ def sft_trainer(model: nnx.Module, cfg: SftConfig, mesh: Optional[jax.sharding.M
                 rules: sharding.Rules = sharding.DEFAULT_RULES, **kw) -> Trainer:
   """The SFT `Trainer` for `model` (concrete or abstract); default mesh: the first device."""
   if mesh is None:
-    mesh = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    mesh = sharding.make_mesh(1, 1, 1, devices=jax.local_devices()[:1])
   return Trainer.for_model(model, sft_loss_fn(chunk_size=cfg.logprob_chunk_size),
                            cfg.trainer_config(), mesh, rules, **kw)
 

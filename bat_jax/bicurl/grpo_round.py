@@ -32,7 +32,7 @@ from bat_jax.grpo import GrpoConfig, group_advantages, grpo_loss_fn
 from bat_jax.grpo.advantages import valid_group_members
 from bat_jax.grpo.loss import sampler_gap_stats
 from bat_jax.train import (LogprobPassConfig, OptimizerConfig, StepConfig, Trainer,
-                           TrainerConfig, TrainState, split_model)
+                           TrainerConfig, TrainState, placement, split_model)
 from bat_jax.rollout import (AgentLoop, RolloutItem, RolloutLimits, SamplingParams, Trajectory,
                              collate, task_environments)
 from bat_jax.sandbox import SandboxLimits
@@ -243,7 +243,7 @@ class GrpoRound:
         limits=RolloutLimits(**cfg.rollout.limits.to_dict()))
 
   def serve(self, params: Any, step: int) -> None:
-    acting = nnx.merge(self.trainer.graphdef, multihost.local_copy(params), self.trainer.rest)
+    acting = nnx.merge(self.trainer.graphdef, placement.local_copy(params), self.trainer.rest)
     version = f"round{self.round_index}-step{step}"
     # Multi-host SGLang: process 0 exports to the shared directory before the others load it.
     multihost.primary_first(f"serve {version}", lambda: self.server.load(acting, version))
@@ -262,7 +262,7 @@ class GrpoRound:
     batch["valid"] = padding_valid(trajectories, batch["input_ids"].shape[1])
     signal = multihost.agree_any(np.any(batch["advantages"]))
     stats = multihost.combine_stats(stats)
-    batch = multihost.global_batch(batch, self.trainer.batch_shardings(batch))
+    batch = placement.global_batch(batch, self.trainer.batch_shardings(batch))
     batch["old_logp"] = self.trainer.logprobs(params, batch, self.pass_cfg, "old_logp")
     stats.update(sampler_gap(batch["old_logp"], batch))
     if not signal:
@@ -282,7 +282,7 @@ class GrpoRound:
                                             num_epochs=math.ceil(steps / probe.n_batches)))
     state = self.trainer.fit(self.checkpoint_dir, steps, source,
                              lambda: nnx.state(self.model, nnx.Param), on_step)
-    nnx.update(self.model, state.params)
+    nnx.update(self.model, placement.local_copy(state.params))  # multi-host: for the export
     healthy = all(r["skipped_now"] == 0 for r in source.history)
     return RoundOutcome(params=state.params, steps=source.history, seconds=source.seconds,
                         healthy=healthy)

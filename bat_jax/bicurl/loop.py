@@ -41,7 +41,7 @@ from bat_jax.config_validation import validate_config
 from bat_jax.model import ModelConfig, build_model, load_pretrained
 from bat_jax.model.decoder import with_attention_impl
 from bat_jax.sft import SftConfig, pad_example, run_sft, sft_loss_fn
-from bat_jax.train import Trainer, split_model
+from bat_jax.train import Trainer, placement, split_model
 from bat_jax.stagebank.rounds import RoundWeights
 from bat_jax.io_utils import atomic_write_json
 from bat_jax.sandbox import safe_fs
@@ -140,7 +140,7 @@ def _cold_start(cfg: ml_collections.ConfigDict, paths: RunPaths, chat: Any,
 
   run_sft(model, train, sft_cfg, paths.sft_checkpoints, mesh=mesh,
           rules=tuple(cfg.sharding.rules), make_params=make_params, on_step=on_step)
-  nnx.update(model, multihost.local_copy(nnx.state(model, nnx.Param)))
+  nnx.update(model, placement.local_copy(nnx.state(model, nnx.Param)))
   bar.close()
   nll = _validation_nll(model, validation, max_len=max_len, pad_id=chat.endoftext_id,
                         chunk_size=cfg.grpo.logprob_chunk_size)

@@ -6,14 +6,14 @@ cached, idempotent setup step on process 0, then a barrier, then on the others (
 result on disk). GRPO rows are split across processes in whole state_id groups: each process
 rolls its groups out on its own engine and contributes its rows to the global batch, so group
 baselines never need another process's rewards. With one process every helper is a no-op.
+Placing trees onto shardings that span processes is `bat_jax.train.placement`'s job.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Callable, Mapping, Sequence, TypeVar
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
@@ -63,45 +63,6 @@ def split_groups(items: Sequence[T], key: Callable[[T], str]) -> list[T]:
                      f"split evenly over {count} processes (grpo.prompt_groups must be a "
                      "multiple of the process count)")
   return shares[index]
-
-
-def global_batch(local: Mapping[str, np.ndarray], shardings: Mapping[str, Any]) -> dict:
-  """Global `[B, ...]` arrays from each process's rows (B = the sum of local rows); the local
-  numpy batch itself with one process."""
-  if jax.process_count() == 1:
-    return dict(local)
-  return {k: jax.make_array_from_process_local_data(shardings[k], np.asarray(v))
-          for k, v in local.items()}
-
-
-def place(tree: Any, shardings: Any) -> Any:
-  """`jax.device_put(tree, shardings)` of a tree every process holds in full (e.g. params built
-  from the same seed). Multi-host, each process builds its own shards from host values: a
-  device_put of committed single-device arrays gives arrays orbax cannot save."""
-  if jax.process_count() == 1:
-    return jax.device_put(tree, shardings)
-
-  def one(x, s):
-    host = np.asarray(x)
-    return jax.make_array_from_callback(host.shape, s, lambda index: host[index])
-
-  return jax.tree.map(one, tree, shardings)
-
-
-def local_copy(tree: Any) -> Any:
-  """A copy of a (possibly multi-host) array tree on this process's first device, e.g. for the
-  in-process rollout engine; the tree itself with one process."""
-  if jax.process_count() == 1:
-    return tree
-
-  def one(x):
-    if not isinstance(x, jax.Array) or x.is_fully_addressable:
-      return x
-    if x.is_fully_replicated:
-      return jnp.asarray(np.asarray(x.addressable_data(0)))
-    return jnp.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-  return jax.tree.map(one, tree)
 
 
 def agree_max(value: int) -> int:

@@ -213,7 +213,7 @@ def load_pretrained(path: str | Path, *, dtype=None, param_dtype=None, mesh: Mes
       model.safetensors.index.json).
     dtype: compute dtype (default fp32). param_dtype: storage dtype (default fp32).
     mesh: place every param on this mesh per its logical axes and `rules`
-      (default `sharding.DEFAULT_RULES`); None: the default device.
+      (default `sharding.DEFAULT_RULES`); None: this process's first device.
     scan_layers: override `ModelConfig.scan_layers` (default: stacked).
   Raises:
     FileNotFoundError naming a missing config / weights file; KeyError naming
@@ -231,7 +231,7 @@ def load_pretrained(path: str | Path, *, dtype=None, param_dtype=None, mesh: Mes
   names = {p: _hf_names(cfg, p) for p in params}
   _check_names(path, files, {n for ns in names.values() for n in ns}, cfg)
   if mesh is None:
-    shardings = {p: jax.sharding.SingleDeviceSharding(jax.devices()[0]) for p in params}
+    shardings = {p: jax.sharding.SingleDeviceSharding(jax.local_devices()[0]) for p in params}
   else:
     tree = sharding.model_shardings(state, mesh, rules or sharding.DEFAULT_RULES)
     shardings = {tuple(p): v.get_value() for p, v in nnx.to_flat_state(tree)}

@@ -30,6 +30,7 @@ from flax import nnx
 
 from bat_jax import sharding
 from bat_jax.checkpointing import Checkpointer, JsonLike
+from bat_jax.train import placement
 from bat_jax.train.logprob_pass import LogprobPassConfig, build_logprob_fn, pass_inputs
 from bat_jax.train.step import (Batch, LossFn, OptimizerConfig, StepConfig, TrainState,
                                 build_step_fn, cast_floating, init_train_state, make_optimizer,
@@ -111,7 +112,7 @@ class Trainer:
                                                  self.optimizer, self.replicated)
     rest_shardings = sharding.model_shardings(rest, mesh, self.rules)
     is_abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(rest))
-    self.rest = rest if is_abstract else jax.device_put(rest, rest_shardings)
+    self.rest = rest if is_abstract else placement.place(rest, rest_shardings)
     self.frozen = {"rest": self.rest, "ref_params": None}
     self.frozen_shardings = {"rest": rest_shardings, "ref_params": None}
     self.memory: dict[str, dict[str, int]] = {}  # program name -> XLA memory analysis
@@ -126,8 +127,14 @@ class Trainer:
   # -- state ---------------------------------------------------------------------------------
 
   def place(self, params: Any) -> Any:
-    """`params` on their NamedShardings (no copy for leaves already there)."""
-    return jax.device_put(params, self.param_shardings)
+    """`params` (every process holds them in full) on their NamedShardings (no copy for leaves
+    already there); multi-host, each process builds its own shards (`placement.place`)."""
+    return placement.place(params, self.param_shardings)
+
+  def place_batch(self, batch: Batch) -> Batch:
+    """A batch every process holds in full (e.g. SFT's, from the same grain seed) on the batch
+    shardings; a batch of per-process rows goes through `placement.global_batch` instead."""
+    return placement.place(dict(batch), self.batch_shardings(batch))
 
   def init_params(self, build: Callable[[], nnx.Module]) -> Any:
     """Params of `build()` (e.g. `lambda: build_model(cfg, rngs=nnx.Rngs(seed))`) created
