@@ -17,6 +17,7 @@ The CPU compile is the plan's basis; GPU fusion differs, so keep headroom (see R
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -30,11 +31,27 @@ from ml_collections import config_flags
 
 from bat_jax.config_validation import MEMORY_LAYOUTS
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "run config file (configs/*.py[:arg])",
-                                          lock_config=True)
-_JSON = flags.DEFINE_string("json", None, "write the plan as JSON here")
-_LAYERS = flags.DEFINE_integer("num_layers", None, "plan a shallower model (measurements only)")
-flags.mark_flags_as_required(["config"])
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanFlags:
+  """The command's flag holders (defined only by an entry point, so importing this module
+  defines no absl flags: `launch.py` defines `--config` too)."""
+  config: Any
+  json: Any
+  num_layers: Any
+
+
+def define_flags() -> PlanFlags:
+  held = PlanFlags(
+      config=config_flags.DEFINE_config_file("config", None,
+                                             "run config file (configs/*.py[:arg])",
+                                             lock_config=True),
+      json=flags.DEFINE_string("json", None, "write the plan as JSON here"),
+      num_layers=flags.DEFINE_integer("num_layers", None,
+                                      "plan a shallower model (measurements only)"))
+  flags.mark_flags_as_required(["config"])
+  return held
 
 GIB = 2**30
 # Published Qwen3.5 text configs (HF config.json `text_config`), used when the checkpoint itself
@@ -271,20 +288,21 @@ def format_table(result: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def main(argv) -> int:
+def main(argv, held: PlanFlags) -> int:
   del argv
-  cfg = _CONFIG.value
+  cfg = held.config.value
   _fake_devices(plan_devices(cfg))
   import jax
   if jax.device_count() != plan_devices(cfg):
     raise RuntimeError(f"memory_plan needs {plan_devices(cfg)} fake devices but jax has "
                        f"{jax.device_count()} (a backend was initialised before XLA_FLAGS)")
-  result = plan(cfg, _LAYERS.value)
+  result = plan(cfg, held.num_layers.value)
   print(format_table(result), flush=True)
-  if _JSON.value:
-    Path(_JSON.value).write_text(json.dumps(result, indent=2) + "\n")
+  if held.json.value:
+    Path(held.json.value).write_text(json.dumps(result, indent=2) + "\n")
   return 0 if result["fits"] else 1
 
 
 if __name__ == "__main__":
-  app.run(lambda argv: sys.exit(main(argv)))
+  _HELD = define_flags()
+  app.run(lambda argv: sys.exit(main(argv, _HELD)))

@@ -24,18 +24,18 @@ except ImportError as e:  # the memory plan lands with issue 11's trainer work
 from absl import app
 
 
-def main(argv) -> int:
+def main(argv, held: "memory_plan.PlanFlags") -> int:
   del argv
   import jax
-  # memory_plan defines the flags; its parsed values are read through its flag holders.
-  cfg = memory_plan._CONFIG.value  # pylint: disable=protected-access
-  result = memory_plan.plan(cfg, memory_plan._LAYERS.value)  # pylint: disable=protected-access
+  cfg = held.config.value
+  result = memory_plan.plan(cfg, held.num_layers.value)
   result["backend"] = f"{jax.default_backend()} ({jax.devices()[0].device_kind})"
   print(memory_plan.format_table(result), flush=True)
-  if memory_plan._JSON.value:  # pylint: disable=protected-access
-    Path(memory_plan._JSON.value).write_text(json.dumps(result, indent=2) + "\n")
+  if held.json.value:
+    Path(held.json.value).write_text(json.dumps(result, indent=2) + "\n")
   return 0
 
 
 if __name__ == "__main__":
-  app.run(lambda argv: sys.exit(main(argv)))
+  _HELD = memory_plan.define_flags()
+  app.run(lambda argv: sys.exit(main(argv, _HELD)))
