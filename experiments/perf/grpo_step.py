@@ -89,7 +89,7 @@ def _jax_step(hf_dict: dict, args, out_dir: str):
 
 
 def run_jax(hf_dict: dict, args, out_dir: str, conn) -> None:
-  from bat_jax import grpo
+  from bat_jax import train
 
   compiled, step = _jax_step(hf_dict, args, out_dir)
   rss_before = _rss_mb()
