@@ -2,7 +2,7 @@ r"""The shared config tree, with the BaT reference recipe as its defaults.
 
 Every config (`tiny.py`, `bat4b.py`, `bat9b.py`) starts from `base_config()` and overrides only
 what differs. The recipe values come from the public BaT release
-(/work/shared/reference/bat-reference.json, checked by tests/configs/); values the release does
+(its bat-reference.json, bundled as tests/configs/bat-reference.json and checked there); values the release does
 not state are marked "not in the release" and are this project's choice.
 
 Configs are locked, nested ml_collections ConfigDicts: overrides such as

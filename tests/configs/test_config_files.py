@@ -13,8 +13,8 @@ from bat_jax.config_validation import ConfigError, validate_config
 from configs import base, bat4b, bat9b, tiny, tiny_sweeps
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-# An unchanged copy of the public BaT release's bat-reference.json (MIT; see the header of
-# /work/shared/reference/README.md), kept here so the test runs on a clean checkout.
+# An unchanged copy of the public BaT release's bat-reference.json (MIT, per the release's
+# README), kept beside this test so it runs on a clean checkout.
 REFERENCE = json.loads((pathlib.Path(__file__).with_name("bat-reference.json")).read_text())
 
 RUNNABLE = {

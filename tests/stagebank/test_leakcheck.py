@@ -52,7 +52,7 @@ def test_forbidden_field_names_in_every_spelling(checker, clean_row, key):
 
 
 @pytest.mark.parametrize("text", [
-    "/home/alice/bank/row.json", "output at /tmp/pytest-1/ws", "cwd='/work/main'",
+    "/home/alice/bank/row.json", "output at /tmp/pytest-1/ws", "cwd='/srv/checkout'",
     "stdout:/root/x", "see ~/data/cases", r"C:\Users\bob\case.pgm", "path=/var/lib/x",
     "/workspacefake/x"])
 def test_absolute_host_paths(checker, clean_row, text):
