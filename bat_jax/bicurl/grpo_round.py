@@ -87,7 +87,7 @@ def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConf
   """
   longest = longest or max(len(t.token_ids) for t in trajectories)
   collated = collate(trajectories, max_len=bucket_length(longest, max_len), pad_id=pad_id)
-  valid = np.array([t.trainable for t in trajectories])
+  valid = collated["trainable"]
   members = np.asarray(valid_group_members(collated["group_ids"], valid))
   keep = valid & (members >= 2)
   advantages = np.asarray(group_advantages(collated["rewards"], collated["group_ids"],
@@ -104,7 +104,7 @@ def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConf
            "excluded_trajectories": float((~keep).sum()),
            "dropped_groups": float(len(dropped_groups)), "length": float(longest)}
   # The sampler's logprobs ride along for truncated IS and the sampler_gap metric.
-  return {"input_ids": collated["input_ids"],
+  return {"input_ids": collated["input_ids"], "valid": collated["valid"],
           "loss_mask": collated["loss_mask"] * keep[:, None].astype(np.float32),
           "advantages": np.where(keep, advantages, 0.0).astype(np.float32),
           "sampler_logp": collated["sampler_logp"]}, stats
@@ -121,12 +121,6 @@ def sampler_gap(old_logp: jax.Array, batch: dict[str, Any]) -> dict[str, float]:
   sums = jax.device_get(_sampler_gap_sums(old_logp, batch["sampler_logp"], batch["loss_mask"]))
   return {"sampler_gap": float(sums["sampler_gap_sum"]) / max(float(sums["tokens"]), 1.0),
           "sampler_gap_max": float(sums["sampler_gap_max"])}
-
-
-def padding_valid(trajectories: list[Trajectory], length: int) -> np.ndarray:
-  """`[B, length]` int32 right-padding mask: 1 on each trajectory's real tokens."""
-  lengths = np.minimum([len(t.token_ids) for t in trajectories], length)
-  return (np.arange(length)[None, :] < lengths[:, None]).astype(np.int32)
 
 
 def step_config(section: ml_collections.ConfigDict,
@@ -259,7 +253,6 @@ class GrpoRound:
     longest = multihost.agree_max(max(len(t.token_ids) for t in trajectories))
     batch, stats = rollout_batch(trajectories, max_len=self.max_len, cfg=self.loss_cfg,
                                  pad_id=self.chat.endoftext_id, longest=longest)
-    batch["valid"] = padding_valid(trajectories, batch["input_ids"].shape[1])
     signal = multihost.agree_any(np.any(batch["advantages"]))
     stats = multihost.combine_stats(stats)
     batch = placement.global_batch(batch, self.trainer.batch_shardings(batch))

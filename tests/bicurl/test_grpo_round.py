@@ -37,6 +37,7 @@ def test_errored_and_aborted_rollouts_leave_the_loss_and_the_baselines():
   assert stats["excluded_trajectories"] == 3 and stats["dropped_groups"] == 1
   assert stats["reward_mean"] == pytest.approx(np.mean([1.0, 0.5, 1.0, 0.0, 1.0]))
   assert batch["input_ids"].shape == batch["sampler_logp"].shape == (7, 128)
+  np.testing.assert_array_equal(batch["valid"].sum(axis=1), [len(t.token_ids) for t in trajs])
 
 
 @pytest.mark.slow  # ~35 s of CPU, mostly compiling the step; over a minute on a loaded box
