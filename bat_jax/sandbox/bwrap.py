@@ -4,11 +4,14 @@ Isolation per call: new pid / net / ipc / uts (/ cgroup) namespaces, a tmpfs roo
 read-only /usr and /etc, private /proc, /dev, /tmp and /dev/shm (size-capped tmpfs), and the
 task workspace bound read-write at /workspace (the cwd). The environment is cleared.
 
-Limits. RLIMIT_AS (memory per process), RLIMIT_CPU, RLIMIT_FSIZE and RLIMIT_NPROC are set by
-`prlimit` inside the sandbox just before the interpreter starts. The call's memory as a whole
-(anonymous, shared mappings, memfd, SysV / POSIX shm, its /tmp and /dev/shm tmpfs) is charged to
-a per-call memory cgroup when the host allows one (`cgroup.py`); otherwise it is polled
-(`monitor.py`) and SysV shm, which nothing could count, is refused. The workspace's size, entry
+Limits. RLIMIT_AS (memory per process), RLIMIT_CPU, RLIMIT_FSIZE and RLIMIT_NPROC are set on
+bwrap as it starts (by the launcher, so everything in the sandbox inherits them; a non-root
+harness runs `prlimit` inside the sandbox instead, as its own processes count towards its
+uid's RLIMIT_NPROC). Every call's bwrap is forked by the Sandbox's long-lived launcher
+(`launcher.py`). The call's memory as a whole (anonymous, shared mappings, memfd, SysV / POSIX
+shm, its /tmp and /dev/shm tmpfs) is charged to the Sandbox's memory cgroup, which holds the
+launcher, when the host allows one (`cgroup.py`); otherwise it is polled (`monitor.py`) and
+SysV shm, which nothing could count, is refused. The workspace's size, entry
 count and depth are watched during the call and checked after it; over a cap, the sandbox is
 killed and whatever the call added or changed is removed (`workspace.prune_to`), so nothing over
 a cap stays or is credited. RLIMIT_NPROC never binds host uid 0 (the kernel exempts the root
@@ -29,10 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import contextlib
 import hashlib
 import math
 import os
+import resource
 import secrets
 import shutil
 import signal
@@ -41,14 +44,16 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
 from bat_jax import workflow
 from bat_jax.sandbox import cgroup
 from bat_jax.sandbox import evidence as evidence_lib
+from bat_jax.sandbox import launcher as launcher_lib
 from bat_jax.sandbox import safe_fs
 from bat_jax.sandbox import workspace as workspace_lib
-from bat_jax.sandbox.process import Completed, call_fds, run_bwrap
+from bat_jax.sandbox.process import (CHILD_INFO_FD, CHILD_SECCOMP_FD, CHILD_WORKSPACE_FD,
+                                     Completed, call_fds, run_bwrap)
 
 INSTALL_HINT = ("install bubblewrap and util-linux (Debian/Ubuntu: `apt-get install bubblewrap "
                 "util-linux`) and make sure user namespaces are enabled "
@@ -137,20 +142,34 @@ def _system_mounts() -> list[str]:
   return args
 
 
-def bwrap_argv(*, workspace_fd: int, info_fd: int, seccomp_fd: int, limits: SandboxLimits,
-               host_uid: Optional[int], command: list[str],
-               block_fd: Optional[int] = None) -> list[str]:
+def call_rlimits(limits: SandboxLimits) -> list[tuple[int, int, int]]:
+  """(resource, soft, hard) of a call. The CPU hard limit (SIGKILL) trails the soft one
+  (SIGXCPU) so the usual exit is SIGXCPU."""
+  return [(resource.RLIMIT_AS, limits.memory_mb << 20, limits.memory_mb << 20),
+          (resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + 1),
+          (resource.RLIMIT_NPROC, limits.max_procs, limits.max_procs),
+          (resource.RLIMIT_FSIZE, limits.max_workspace_mb << 20, limits.max_workspace_mb << 20),
+          (resource.RLIMIT_CORE, 0, 0)]
+
+
+_PRLIMIT_NAMES = {resource.RLIMIT_AS: "as", resource.RLIMIT_CPU: "cpu",
+                  resource.RLIMIT_NPROC: "nproc", resource.RLIMIT_FSIZE: "fsize",
+                  resource.RLIMIT_CORE: "core"}
+
+
+def bwrap_argv(*, limits: SandboxLimits, host_uid: Optional[int],
+               command: list[str]) -> list[str]:
   """The full bwrap command line for one call (pure; exposed for inspection and tests).
 
+  bwrap gets the workspace (O_PATH, bound at /workspace), its info pipe and the seccomp
+  program as fds `process.CHILD_*_FD`. With host_uid (the harness is root) the code runs as
+  that unprivileged host uid and `call_rlimits` must be set on bwrap (the launcher does);
+  with None, bwrap makes an unprivileged user namespace and runs `prlimit` inside.
+
   Args:
-    workspace_fd: an open O_PATH fd of the workspace folder, bound at /workspace.
-    info_fd: where bwrap writes {"child-pid": host pid of the sandbox's PID 1}.
-    seccomp_fd: fd to read the seccomp BPF program from (`seccomp.no_userns_filter`).
     limits: the per-call limits.
-    host_uid: run the code as this unprivileged host uid (harness is root), or None to use an
-      unprivileged user namespace (harness is a normal user).
+    host_uid: the unprivileged host uid to run the code as, or None (see above).
     command: interpreter argv, e.g. ["/usr/bin/python3", "-c", code].
-    block_fd: if given, the sandbox waits for a byte on it before it starts the command.
   """
   tools = _tools(host_uid is not None)
   scratch = str(limits.max_workspace_mb << 20)
@@ -165,7 +184,7 @@ def bwrap_argv(*, workspace_fd: int, info_fd: int, seccomp_fd: int, limits: Sand
   # /tmp and /dev/shm are sticky world-writable like a real system's, but size-capped tmpfs.
   argv += ["--dev", "/dev", "--perms", "1777", "--size", scratch, "--tmpfs", "/dev/shm",
            "--proc", "/proc", "--perms", "1777", "--size", scratch, "--tmpfs", "/tmp",
-           "--bind-fd", str(workspace_fd), SANDBOX_WORKSPACE, "--chdir", SANDBOX_WORKSPACE,
+           "--bind-fd", str(CHILD_WORKSPACE_FD), SANDBOX_WORKSPACE, "--chdir", SANDBOX_WORKSPACE,
            # `python` is the system python3 (stdlib only), whatever the image calls it.
            "--perms", "0755", "--dir", "/sandbox", "--perms", "0755", "--dir", "/sandbox/bin",
            "--symlink", SYSTEM_PYTHON, "/sandbox/bin/python",
@@ -173,17 +192,19 @@ def bwrap_argv(*, workspace_fd: int, info_fd: int, seccomp_fd: int, limits: Sand
            "--clearenv", "--setenv", "PATH", "/sandbox/bin:/usr/local/bin:/usr/bin:/bin",
            "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
            "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "PYTHONUNBUFFERED", "1",
-           "--info-fd", str(info_fd), "--seccomp", str(seccomp_fd)]
-  argv += [] if block_fd is None else ["--block-fd", str(block_fd)]
-  argv += ["--"]
-  # The CPU hard limit (SIGKILL) trails the soft one (SIGXCPU) so the usual exit is SIGXCPU.
-  argv += [tools["prlimit_in"], f"--as={limits.memory_mb << 20}",
-           f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}", f"--nproc={limits.max_procs}",
-           f"--fsize={limits.max_workspace_mb << 20}", "--core=0", "--"]
-  if host_uid is not None:
+           "--info-fd", str(CHILD_INFO_FD), "--seccomp", str(CHILD_SECCOMP_FD), "--"]
+  if host_uid is None:
+    argv += [tools["prlimit_in"], *(f"--{_PRLIMIT_NAMES[r]}={soft}:{hard}"
+                                    for r, soft, hard in call_rlimits(limits)), "--"]
+  else:
     argv += [tools["setpriv_in"], f"--reuid={host_uid}", f"--regid={host_uid}",
              "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
   return argv + command
+
+
+def _rlimits(limits: SandboxLimits, host_uid: Optional[int]) -> list[tuple[int, int, int]]:
+  """What the launcher sets on bwrap: `call_rlimits` as root, nothing else (prlimit inside)."""
+  return call_rlimits(limits) if host_uid is not None else []
 
 
 def _limit_hit(done: Completed, stderr: str) -> Optional[str]:
@@ -253,60 +274,6 @@ def _code_problem(code: str) -> Optional[str]:
   return "code_size" if size > MAX_CODE_BYTES or "\0" in code else None
 
 
-def _neutral_stage(workspace: Path) -> Optional[Path]:
-  """A private folder, named at random, on the workspace's filesystem (None if none found).
-
-  bwrap's bind shows the source's path inside its filesystem in /proc/self/mountinfo; during
-  a call the workspace is renamed into this folder, so that path says nothing about the host
-  (a cell's outcome, a user name, a run directory).
-  """
-  dev = workspace.stat().st_dev
-  top = workspace  # the filesystem's top folder: a stage there shows as /<random>/<random>
-  while top.parent != top and top.parent.stat().st_dev == dev:
-    top = top.parent
-  # Fixed system folders first: $TMPDIR may itself name a run, a user or a cell.
-  for base in ("/tmp", "/var/tmp", "/dev/shm", str(top), tempfile.gettempdir()):
-    try:
-      if os.stat(base).st_dev != dev:
-        continue
-      stage = Path(tempfile.mkdtemp(prefix="", dir=base))
-    except OSError:
-      continue
-    return stage
-  return None
-
-
-def _remove_stage(stage: str) -> None:
-  try:
-    os.rmdir(stage)
-  except OSError:
-    pass
-
-
-@contextlib.contextmanager
-def _staged(workspace: Path, stage: Optional[Path]) -> Iterator[Path]:
-  """The workspace renamed to a random name in `stage` for the duration (or as is)."""
-  if stage is None:
-    yield workspace
-    return
-  staged = stage / secrets.token_hex(8)
-  os.rename(workspace, staged)
-  try:
-    yield staged
-  finally:
-    os.rename(staged, workspace)
-
-
-@contextlib.contextmanager
-def _memory_cgroup(limits: SandboxLimits) -> Iterator[Optional[cgroup.MemoryCgroup]]:
-  group = cgroup.MemoryCgroup(limits.memory_mb << 20) if cgroup.available() else None
-  try:
-    yield group
-  finally:
-    if group is not None:
-      group.remove()
-
-
 @functools.lru_cache(maxsize=None)
 def check_available(as_root: bool) -> None:
   """Runs a trivial sandbox once per process; SandboxUnavailableError says why it cannot."""
@@ -315,11 +282,10 @@ def check_available(as_root: bool) -> None:
     if host_uid is not None:
       workspace_lib.claim(Path(tmp), host_uid, host_uid)
     with call_fds(Path(tmp)) as fds:
-      argv = bwrap_argv(workspace_fd=fds.workspace, info_fd=fds.info_w, seccomp_fd=fds.seccomp,
-                        limits=SandboxLimits(), host_uid=host_uid,
+      argv = bwrap_argv(limits=SandboxLimits(), host_uid=host_uid,
                         command=["/bin/sh", "-c", "echo ok > probe"])
       done = run_bwrap(argv, fds, wall_s=30.0, max_output_bytes=1 << 16,
-                       max_memory_bytes=1 << 30)
+                       max_memory_bytes=1 << 30, rlimits=_rlimits(SandboxLimits(), host_uid))
     if done.returncode != 0 or not os.path.exists(os.path.join(tmp, "probe")):
       how = ("as root, bwrap needs CAP_SYS_ADMIN to make mount namespaces (in a container: "
              "--cap-add SYS_ADMIN or --privileged)" if as_root else INSTALL_HINT)
@@ -360,9 +326,10 @@ class Sandbox:
         evidence_lib.load_evidence(self.evidence_path)
         if self.evidence_path is not None and self.evidence_path.exists() else [])
     self._lock = threading.Lock()
-    self._stage = _neutral_stage(self.workspace)
+    self._launcher_now: Optional[launcher_lib.Launcher] = None  # started by the first call
+    self._stage = workspace_lib.neutral_stage(self.workspace)
     if self._stage is not None:
-      weakref.finalize(self, _remove_stage, str(self._stage))
+      weakref.finalize(self, workspace_lib.remove_stage, str(self._stage))
 
   @property
   def evidence(self) -> list[evidence_lib.EvidenceRecord]:
@@ -431,17 +398,30 @@ class Sandbox:
       return "workspace" if limit == "workspace_bytes" else limit
     return check
 
+  def _launcher(self) -> launcher_lib.Launcher:
+    """This Sandbox's launcher, (re)started when missing, dead, or of the wrong cgroup mode."""
+    want_group = cgroup.available()
+    current = self._launcher_now
+    if current is not None and current.alive() and (current.group is not None) == want_group:
+      return current
+    if current is not None:
+      self._launcher_finalizer.detach()
+      current.close()
+    group = cgroup.MemoryCgroup(self.limits.memory_mb << 20) if want_group else None
+    self._launcher_now = launcher_lib.Launcher(group)
+    self._launcher_finalizer = weakref.finalize(self, self._launcher_now.close)
+    return self._launcher_now
+
   def _run(self, language: str, code: str) -> Completed:
-    with _memory_cgroup(self.limits) as group, _staged(self.workspace, self._stage) as staged, \
-        call_fds(staged, no_sysv_shm=group is None, block=group is not None) as fds:
-      argv = bwrap_argv(workspace_fd=fds.workspace, info_fd=fds.info_w, seccomp_fd=fds.seccomp,
-                        limits=self.limits, host_uid=self.host_uid,
-                        command=[*_INTERPRETERS[language], code],
-                        block_fd=fds.block_r if group is not None else None)
+    launcher = self._launcher()
+    with workspace_lib.staged(self.workspace, self._stage) as staged, \
+        call_fds(staged, no_sysv_shm=launcher.group is None) as fds:
+      argv = bwrap_argv(limits=self.limits, host_uid=self.host_uid,
+                        command=[*_INTERPRETERS[language], code])
       return run_bwrap(argv, fds, wall_s=self.limits.wall_s,
                        max_output_bytes=self.limits.max_output_bytes,
-                       max_memory_bytes=self.limits.memory_mb << 20, memory_cgroup=group,
-                       watch=self._watch(staged))
+                       max_memory_bytes=self.limits.memory_mb << 20, launcher=launcher,
+                       rlimits=_rlimits(self.limits, self.host_uid), watch=self._watch(staged))
 
   def _record(self, record: evidence_lib.EvidenceRecord) -> None:
     if self.evidence_path is not None:

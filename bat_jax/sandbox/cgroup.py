@@ -1,9 +1,16 @@
-"""A memory cgroup per sandbox call, when this host lets the harness make one.
+"""A memory cgroup per `Sandbox`, when this host lets the harness make one.
 
 A memory cgroup charges everything a call's processes make resident: anonymous memory, shared
 anonymous mappings (once, to whoever touched them), memfd and tmpfs pages (the sandbox's /tmp
 and /dev/shm), so `memory_mb` holds for the whole call however the memory is held. The kernel
-OOM-kills inside the group at the limit; the harness reads that back as the "memory" limit.
+OOM-kills inside the group at the limit; the harness reads that back as the "memory" limit (a
+rise of the group's OOM-kill count over the call).
+
+The group is made once per Sandbox and holds its launcher (`launcher.py`), which forks every
+call's bwrap inside it: no call pays a cgroup migration. Calls of a Sandbox run one at a time,
+and what a call held is freed when it ends (its processes are gone, its tmpfs mounts and IPC
+namespace with them); only page cache of workspace files stays charged, and the kernel reclaims
+that before it OOM-kills.
 
 Both layouts are handled: cgroup v2 with the memory controller enabled for our group, and
 cgroup v1's memory hierarchy (what this project's CI host has). Where neither is writable (an
@@ -72,7 +79,7 @@ def available() -> bool:
 
 
 class MemoryCgroup:
-  """One call's memory cgroup; `procs_file` is where the launcher writes its own pid."""
+  """One Sandbox's memory cgroup."""
 
   def __init__(self, limit_bytes: int):
     parent = _parent()
@@ -96,21 +103,21 @@ class MemoryCgroup:
       self.remove()
       raise
 
-  @property
-  def procs_file(self) -> str:
-    return str(self.path / "cgroup.procs")
+  def add(self, pid: int) -> None:
+    """Moves process pid (and what it forks from then on) into the group."""
+    (self.path / "cgroup.procs").write_text(str(pid))
 
-  def oom_killed(self) -> bool:
-    """Whether the kernel OOM-killed anything in the group."""
+  def oom_kills(self) -> int:
+    """How many processes the kernel has OOM-killed in the group so far."""
     name = "memory.events" if self.version == 2 else "memory.oom_control"
     try:
       for line in (self.path / name).read_text().splitlines():
         key, _, value = line.partition(" ")
-        if key == "oom_kill" and int(value) > 0:
-          return True
+        if key == "oom_kill":
+          return int(value)
     except (OSError, ValueError):
-      return False
-    return False
+      return 0
+    return 0
 
   def remove(self) -> None:
     """Removes the group (its processes have exited; retried briefly while they are reaped)."""

@@ -1,8 +1,8 @@
 """Running one bwrap call: its fds, the process, bounded output, and the watches that stop it.
 
-`run_bwrap` is the only place a sandbox process is started. Whatever happens (a limit, a
-monitor raising, the harness interrupted), it returns or raises only after the sandbox's PID 1,
-hence every process of the call, is gone.
+`run_bwrap` is the only place a sandbox process is started (through a `launcher.Launcher`).
+Whatever happens (a limit, a monitor raising, the harness interrupted), it returns or raises
+only after the sandbox's PID 1, hence every process of the call, is gone.
 """
 
 from __future__ import annotations
@@ -15,17 +15,21 @@ import os
 import select
 import selectors
 import signal
-import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
-from bat_jax.sandbox import cgroup, monitor, seccomp
+from bat_jax.sandbox import monitor, seccomp
+from bat_jax.sandbox.launcher import Child, Launcher, LauncherError
 
 # RLIMIT_AS caps each process; the whole call's private memory is polled this often.
 _MEMORY_POLL_S = 0.1
 # The workspace's size, entry count and depth are checked this often during a call.
 _WATCH_POLL_S = 0.2
+# After a SIGKILL, bwrap's exit status comes back within this (else the launcher is broken).
+_REAP_TIMEOUT_S = 30.0
+# The fd numbers bwrap gets `CallFds.passed()` as (bwrap_argv names these).
+CHILD_WORKSPACE_FD, CHILD_INFO_FD, CHILD_SECCOMP_FD = 3, 4, 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +50,6 @@ class CallFds:
   info_r: int      # bwrap writes {"child-pid": ...} to info_w; the harness reads info_r
   info_w: int
   seccomp: int     # read end of a pipe holding the BPF program
-  block_r: int = -1  # with a memory cgroup: bwrap waits on it until PID 1 is in the group
-  block_w: int = -1
 
   def close(self, *names: str) -> None:
     for name in names:
@@ -56,18 +58,18 @@ class CallFds:
         setattr(self, name, -1)
         os.close(fd)
 
+  def passed(self) -> tuple[int, int, int]:
+    """The fds bwrap gets as CHILD_WORKSPACE_FD, CHILD_INFO_FD, CHILD_SECCOMP_FD."""
+    return self.workspace, self.info_w, self.seccomp
+
 
 @contextlib.contextmanager
-def call_fds(workspace: Path, no_sysv_shm: bool = False,
-             block: bool = False) -> Iterator[CallFds]:
-  """Opens the fds of one call (block: also the --block-fd pipe) and closes whichever are
-  still open at exit."""
+def call_fds(workspace: Path, no_sysv_shm: bool = False) -> Iterator[CallFds]:
+  """Opens the fds of one call and closes whichever are still open at exit."""
   fds = CallFds(-1, -1, -1, -1)
   try:
     fds.workspace = os.open(workspace, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     fds.info_r, fds.info_w = os.pipe()
-    if block:
-      fds.block_r, fds.block_w = os.pipe()
     fds.seccomp, seccomp_w = os.pipe()
     try:  # a few hundred bytes: fits the pipe buffer, so this never blocks
       os.write(seccomp_w, seccomp.no_userns_filter(no_sysv_shm=no_sysv_shm))
@@ -75,7 +77,7 @@ def call_fds(workspace: Path, no_sysv_shm: bool = False,
       os.close(seccomp_w)
     yield fds
   finally:
-    fds.close("workspace", "info_r", "info_w", "seccomp", "block_r", "block_w")
+    fds.close("workspace", "info_r", "info_w", "seccomp")
 
 
 def _read_pid1(info: bytes) -> Optional[int]:
@@ -86,101 +88,95 @@ def _read_pid1(info: bytes) -> Optional[int]:
   return pid if isinstance(pid, int) and pid > 1 else None
 
 
-def _kill_sandbox(proc: subprocess.Popen, pid1_fd: Optional[int]) -> None:
-  """SIGKILLs the sandbox's PID 1 (the kernel then kills its whole pid namespace) and bwrap."""
-  if pid1_fd is not None:
-    try:
-      signal.pidfd_send_signal(pid1_fd, signal.SIGKILL)
-    except (ProcessLookupError, OSError):
-      pass
-  try:
-    os.killpg(proc.pid, signal.SIGKILL)  # bwrap leads its own session (start_new_session)
-  except (ProcessLookupError, PermissionError):
-    pass
-
-
 @dataclasses.dataclass
 class _Watch:
-  """State of one running call, read and updated by `run_bwrap`'s loop."""
-  proc: subprocess.Popen
+  """State of one running call, read and updated by `run_bwrap`'s helpers."""
+  launcher: Launcher
+  child: Child
+  out_r: dict[str, int]  # "stdout" / "stderr" -> read end
+  fds: CallFds
   pid1_fd: Optional[int] = None
   pid1: Optional[int] = None
   info: bytearray = dataclasses.field(default_factory=bytearray)
+  bufs: dict[str, bytearray] = dataclasses.field(
+      default_factory=lambda: {"stdout": bytearray(), "stderr": bytearray()})
   total: int = 0
   stopped: Optional[str] = None  # "wall", "output", "memory" or a `watch` limit
-  fds: Optional[CallFds] = None
-  memory_cgroup: Optional[cgroup.MemoryCgroup] = None
+  oom_base: int = 0  # the group's OOM-kill count before the call
+  returncode: Optional[int] = None
+
+  def kill(self) -> None:
+    """SIGKILLs the sandbox's PID 1 (the kernel then kills its whole pid namespace) and bwrap
+    (its --die-with-parent kills PID 1 too, should bwrap die before saying who that is)."""
+    for fd in (self.pid1_fd, self.child.pidfd):
+      if fd is not None:
+        try:
+          signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except (ProcessLookupError, OSError):
+          pass
+
+  def close(self) -> None:
+    for fd in (*self.out_r.values(), self.child.pidfd, self.pid1_fd):
+      if fd is not None and fd >= 0:
+        os.close(fd)
+    self.fds.close("info_r")
 
 
-def _launch(argv: list[str], fds: CallFds) -> subprocess.Popen:
-  passed = (fds.workspace, fds.info_w, fds.seccomp) + ((fds.block_r,) if fds.block_r >= 0 else ())
+def _start(argv: Sequence[str], fds: CallFds, launcher: Launcher,
+           rlimits: Sequence[tuple[int, int, int]]) -> _Watch:
+  pipes = {"stdout": os.pipe(), "stderr": os.pipe()}
   try:
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, pass_fds=passed,
-                            start_new_session=True, env={"PATH": "/usr/bin:/bin"})
+    oom_base = launcher.group.oom_kills() if launcher.group is not None else 0
+    child = launcher.start(argv, pipes["stdout"][1], pipes["stderr"][1], fds.passed(), rlimits)
+  except BaseException:
+    for r, w in pipes.values():
+      os.close(r)
+      os.close(w)
+    raise
   finally:
-    fds.close("info_w", "seccomp", "block_r")  # bwrap has its copies
+    fds.close("info_w", "seccomp")  # bwrap has its copies
+  for _, w in pipes.values():
+    os.close(w)
+  return _Watch(launcher, child, {k: r for k, (r, _) in pipes.items()}, fds, oom_base=oom_base)
 
 
-def _into_cgroup(w: _Watch) -> None:
-  """Moves the (blocked) sandbox PID 1 into the call's memory cgroup, then lets it run: the
-  code is started after this, so every process of the call is charged to the group."""
-  with open(w.memory_cgroup.procs_file, "w") as f:
-    f.write(str(w.pid1))
-  os.write(w.fds.block_w, b"1")
-  w.fds.close("block_w")
-
-
-def _on_read(w: _Watch, what: str, chunk: bytes, bufs: dict, max_output_bytes: int) -> None:
+def _on_read(w: _Watch, what: str, chunk: bytes, max_output_bytes: int) -> None:
   if what == "info":
     w.info += chunk
     if w.pid1_fd is None:
       w.pid1 = _read_pid1(bytes(w.info))
       if w.pid1 is not None:  # bwrap has not reaped it: the pid is still its
         w.pid1_fd = os.pidfd_open(w.pid1)
-        if w.memory_cgroup is not None:
-          _into_cgroup(w)
     return
   room = max_output_bytes - w.total
-  bufs[what] += chunk[:max(room, 0)]
+  w.bufs[what] += chunk[:max(room, 0)]
   w.total += len(chunk)
   if w.total > max_output_bytes:
     w.stopped = "output"
 
 
-def run_bwrap(argv: list[str], fds: CallFds, *, wall_s: float, max_output_bytes: int,
-              max_memory_bytes: int, memory_cgroup: Optional[cgroup.MemoryCgroup] = None,
-              watch: Optional[Callable[[], Optional[str]]] = None) -> Completed:
-  """Runs argv, capturing at most max_output_bytes of stdout+stderr.
+def _over_memory(w: _Watch, max_memory_bytes: int) -> bool:
+  """An OOM kill in the group (the kernel enforces it there), else the polled count."""
+  group = w.launcher.group
+  if group is not None:
+    return group.oom_kills() > w.oom_base
+  return monitor.call_memory_bytes(w.pid1) > max_memory_bytes
 
-  Kills the sandbox at wall_s, at the output cap, when its memory goes over max_memory_bytes
-  (the kernel does it in `memory_cgroup`; otherwise polled every _MEMORY_POLL_S), or when
-  `watch()` (polled every _WATCH_POLL_S) names a limit. Returns only after the sandbox's PID 1,
-  hence every process of the call, has exited; if anything here raises, the sandbox is killed
-  before the exception propagates.
-  """
-  if not (isinstance(wall_s, (int, float)) and math.isfinite(wall_s) and wall_s > 0):
-    raise ValueError(f"run_bwrap: wall_s must be a finite positive number, got {wall_s!r}")
-  deadline = time.monotonic() + wall_s
-  if (memory_cgroup is not None) != (fds.block_w >= 0):
-    raise ValueError("run_bwrap: a memory cgroup needs bwrap started with --block-fd "
-                     "(call_fds(block=True), bwrap_argv(block_fd=...)) and only then")
-  w = _Watch(_launch(argv, fds), fds=fds, memory_cgroup=memory_cgroup)
-  bufs = {"stdout": bytearray(), "stderr": bytearray()}
+
+def _pump(w: _Watch, deadline: float, max_output_bytes: int, max_memory_bytes: int,
+          watch: Optional[Callable[[], Optional[str]]]) -> None:
+  """Reads output and info until both pipes close or the call is stopped (`w.stopped`)."""
   next_memory = next_watch = time.monotonic()
-  sel = selectors.DefaultSelector()
-  try:
-    sel.register(w.proc.stdout, selectors.EVENT_READ, "stdout")
-    sel.register(w.proc.stderr, selectors.EVENT_READ, "stderr")
-    sel.register(fds.info_r, selectors.EVENT_READ, "info")
+  with selectors.DefaultSelector() as sel:
+    for what, fd in (*w.out_r.items(), ("info", w.fds.info_r)):
+      sel.register(fd, selectors.EVENT_READ, what)
     while sel.get_map() and w.stopped is None:
       now = time.monotonic()
       if now >= deadline:
         w.stopped = "wall"
         break
-      if w.pid1 is not None and now >= next_memory:  # an OOM kill in the group ends the call
-        if (memory_cgroup.oom_killed() if memory_cgroup is not None
-            else monitor.call_memory_bytes(w.pid1) > max_memory_bytes):
+      if w.pid1 is not None and now >= next_memory:
+        if _over_memory(w, max_memory_bytes):
           w.stopped = "memory"
         next_memory = now + _MEMORY_POLL_S
       if watch is not None and now >= next_watch:
@@ -194,35 +190,73 @@ def run_bwrap(argv: list[str], fds: CallFds, *, wall_s: float, max_output_bytes:
         if not chunk:
           sel.unregister(key.fileobj)
         else:
-          _on_read(w, key.data, chunk, bufs, max_output_bytes)
-    if w.stopped is None:
-      try:
-        returncode = w.proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
-      except subprocess.TimeoutExpired:
-        w.stopped = "wall"
-    if w.stopped is not None:
-      _kill_sandbox(w.proc, w.pid1_fd)
-      returncode = w.proc.wait()
-    if w.pid1_fd is not None:  # bwrap reaps PID 1 before it exits; this just makes it certain
-      waiter = select.poll()
-      waiter.register(w.pid1_fd, select.POLLIN)
-      waiter.poll(5000)
+          _on_read(w, key.data, chunk, max_output_bytes)
+
+
+def _reap(w: _Watch, deadline: float) -> None:
+  """Waits for bwrap's exit (killing the sandbox at the deadline) and for PID 1's."""
+  if w.stopped is None:
+    w.returncode = w.launcher.wait(max(deadline - time.monotonic(), 0.0))
+    if w.returncode is None:
+      w.stopped = "wall"
+  if w.returncode is None:
+    w.kill()
+    w.returncode = w.launcher.wait(_REAP_TIMEOUT_S)
+    if w.returncode is None:
+      raise LauncherError("sandbox launcher gave no exit status after SIGKILL")
+  if w.pid1_fd is not None:  # bwrap reaps PID 1 before it exits; this just makes it certain
+    waiter = select.poll()
+    waiter.register(w.pid1_fd, select.POLLIN)
+    waiter.poll(5000)
+
+
+def run_bwrap(argv: list[str], fds: CallFds, *, wall_s: float, max_output_bytes: int,
+              max_memory_bytes: int, launcher: Optional[Launcher] = None,
+              rlimits: Sequence[tuple[int, int, int]] = (),
+              watch: Optional[Callable[[], Optional[str]]] = None) -> Completed:
+  """Runs argv (through `launcher`, or a one-off launcher with no cgroup), capturing at most
+  max_output_bytes of stdout+stderr. argv names fds by the CHILD_*_FD numbers.
+
+  Kills the sandbox at wall_s, at the output cap, when its memory goes over max_memory_bytes
+  (the kernel does it in the launcher's cgroup; otherwise polled every _MEMORY_POLL_S), or
+  when `watch()` (polled every _WATCH_POLL_S) names a limit. Returns only after the sandbox's
+  PID 1, hence every process of the call, has exited; if anything here raises, the sandbox is
+  killed before the exception propagates (and a launcher that lost track is closed).
+  """
+  if not (isinstance(wall_s, (int, float)) and math.isfinite(wall_s) and wall_s > 0):
+    raise ValueError(f"run_bwrap: wall_s must be a finite positive number, got {wall_s!r}")
+  if launcher is None:
+    with contextlib.closing(Launcher()) as one_off:
+      return run_bwrap(argv, fds, wall_s=wall_s, max_output_bytes=max_output_bytes,
+                       max_memory_bytes=max_memory_bytes, launcher=one_off, rlimits=rlimits,
+                       watch=watch)
+  deadline = time.monotonic() + wall_s
+  w = _start(argv, fds, launcher, rlimits)
+  try:
+    _pump(w, deadline, max_output_bytes, max_memory_bytes, watch)
+    _reap(w, deadline)
   except BaseException:
-    _kill_sandbox(w.proc, w.pid1_fd)  # never leave a sandbox running behind an exception
-    w.proc.wait()
+    w.kill()  # never leave a sandbox running behind an exception
+    _drain_after_error(w)
     raise
   finally:
-    sel.close()
-    w.proc.stdout.close()
-    w.proc.stderr.close()
-    fds.close("info_r")
-    if w.pid1_fd is not None:
-      os.close(w.pid1_fd)
+    w.close()
+  returncode = w.returncode
   if returncode < 0:  # bwrap itself killed by a signal: shell convention
     returncode = 128 - returncode
-  oom = memory_cgroup is not None and memory_cgroup.oom_killed()
+  oom = launcher.group is not None and launcher.group.oom_kills() > w.oom_base
   known = ("wall", "output", "memory")
-  return Completed(returncode, bytes(bufs["stdout"]), bytes(bufs["stderr"]),
-                    w.stopped == "wall", w.stopped == "output",
-                    w.stopped == "memory" or oom,
-                    w.stopped if w.stopped not in known and w.stopped is not None else None)
+  return Completed(returncode, bytes(w.bufs["stdout"]), bytes(w.bufs["stderr"]),
+                   w.stopped == "wall", w.stopped == "output", w.stopped == "memory" or oom,
+                   w.stopped if w.stopped not in known and w.stopped is not None else None)
+
+
+def _drain_after_error(w: _Watch) -> None:
+  """After a kill behind an exception: reads bwrap's exit status so the launcher is ready for
+  the next call, and waits for bwrap to be gone; a launcher that cannot say is closed."""
+  try:
+    if w.returncode is None and w.launcher.wait(_REAP_TIMEOUT_S) is None:
+      raise LauncherError("no exit status after SIGKILL")
+  except (LauncherError, OSError, ValueError):
+    w.launcher.close()
+    select.select([w.child.pidfd], [], [], _REAP_TIMEOUT_S)  # bwrap's own exit, at least

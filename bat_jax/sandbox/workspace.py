@@ -1,4 +1,5 @@
-"""Host-side workspace helpers: fingerprint, diff, size, ownership and materialise.
+"""Host-side workspace helpers: fingerprint, diff, size, ownership, materialise, and the
+rename that hides the workspace's host path during a call.
 
 None of these ever follow a symlink: the agent can plant links that point anywhere on the host,
 so a link is fingerprinted by its target *string* and never opened, and `materialize` refuses to
@@ -7,13 +8,16 @@ write through one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
+import secrets
 import stat
+import tempfile
 from pathlib import Path, PurePosixPath
-from typing import Mapping, Optional
+from typing import Iterator, Mapping, Optional
 
 from bat_jax import io_utils
 from bat_jax.sandbox import safe_fs
@@ -199,3 +203,47 @@ def materialize(files: Mapping[str, bytes | str], root: Path) -> None:
         raise ValueError(f"materialize: {rel!r} needs {str(parent)!r} to be a folder")
     # Scratch files: atomic, but no folder fsync per file (a crash loses the episode).
     io_utils.atomic_write_bytes(parent / p.parts[-1], bytes(content), sync_dir=False)
+
+
+def neutral_stage(workspace: Path) -> Optional[Path]:
+  """A private folder, named at random, on the workspace's filesystem (None if none found).
+
+  bwrap's bind shows the source's path inside its filesystem in /proc/self/mountinfo; during
+  a call the workspace is renamed into this folder, so that path says nothing about the host
+  (a cell's outcome, a user name, a run directory).
+  """
+  dev = workspace.stat().st_dev
+  top = workspace  # the filesystem's top folder: a stage there shows as /<random>/<random>
+  while top.parent != top and top.parent.stat().st_dev == dev:
+    top = top.parent
+  # Fixed system folders first: $TMPDIR may itself name a run, a user or a cell.
+  for base in ("/tmp", "/var/tmp", "/dev/shm", str(top), tempfile.gettempdir()):
+    try:
+      if os.stat(base).st_dev != dev:
+        continue
+      stage = Path(tempfile.mkdtemp(prefix="", dir=base))
+    except OSError:
+      continue
+    return stage
+  return None
+
+
+def remove_stage(stage: str) -> None:
+  try:
+    os.rmdir(stage)
+  except OSError:
+    pass
+
+
+@contextlib.contextmanager
+def staged(workspace: Path, stage: Optional[Path]) -> Iterator[Path]:
+  """The workspace renamed to a random name in `stage` for the duration (or as is)."""
+  if stage is None:
+    yield workspace
+    return
+  hidden = stage / secrets.token_hex(8)
+  os.rename(workspace, hidden)
+  try:
+    yield hidden
+  finally:
+    os.rename(hidden, workspace)

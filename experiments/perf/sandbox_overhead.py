@@ -74,14 +74,14 @@ def measure_hardening(n: int = 50, limits: SandboxLimits = SandboxLimits()) -> d
   with tempfile.TemporaryDirectory(prefix="bat-sandbox-perf-") as tmp:
     ws = Path(tmp) / "ws"
     materialize(_WORKSPACE, ws)
-    stage = bwrap._neutral_stage(ws)  # pylint: disable=protected-access
+    stage = workspace_lib.neutral_stage(ws)
 
     def group():
       with bwrap._memory_cgroup(limits):  # pylint: disable=protected-access
         pass
 
     def staged():
-      with bwrap._staged(ws, stage):  # pylint: disable=protected-access
+      with workspace_lib.staged(ws, stage):
         pass
     out["cgroup_ms"] = _ms_per_call(group, n) if cgroup.available() else 0.0
     out["staging_ms"] = _ms_per_call(staged, n)
