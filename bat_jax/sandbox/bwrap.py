@@ -6,7 +6,7 @@ task workspace bound read-write at /workspace (the cwd). The environment is clea
 
 Limits. RLIMIT_AS (memory per process), RLIMIT_CPU, RLIMIT_FSIZE and RLIMIT_NPROC are set on
 bwrap as it starts (by the launcher, so everything in the sandbox inherits them; a non-root
-harness runs `prlimit` inside the sandbox instead, as its own processes count towards its
+harness runs `prlimit` inside the sandbox instead, as all its processes count towards its
 uid's RLIMIT_NPROC). Every call's bwrap is forked by the Sandbox's long-lived launcher
 (`launcher.py`). The call's memory as a whole (anonymous, shared mappings, memfd, SysV / POSIX
 shm, its /tmp and /dev/shm tmpfs) is charged to the Sandbox's memory cgroup, which holds the
@@ -16,8 +16,11 @@ count and depth are watched during the call and checked after it; over a cap, th
 killed and whatever the call added or changed is removed (`workspace.prune_to`), so nothing over
 a cap stays or is credited. RLIMIT_NPROC never binds host uid 0 (the kernel exempts the root
 user, also through a user namespace that maps to it), so when the harness runs as root the code
-runs as a random unprivileged host uid (`setpriv`, all capabilities dropped), and the workspace
-is chowned to it. Run as a normal user, bwrap makes an unprivileged user namespace instead.
+runs as a random unprivileged host uid, and the workspace is chowned to it: the launcher drops
+to that uid before bwrap, which then makes an unprivileged user namespace (mode USERNS, as for a
+harness run by a normal user; bwrap drops every capability in it and refuses nested user
+namespaces); where the host refuses unprivileged user namespaces, bwrap keeps root to mount and
+`setpriv` drops to the uid inside (mode SETPRIV, one exec more per call).
 Wall time, output size and the tree's memory are enforced from the host: at any of them the
 sandbox's PID 1 is SIGKILLed, which kills every process of its pid namespace. A normal exit of
 the main process ends PID 1 too, so nothing the code started outlives the call.
@@ -113,10 +116,16 @@ class ExecResult:
   observation: str
 
 
+# How a call becomes unprivileged (module docstring); `check_available` picks the first that works.
+USERNS, SETPRIV = "userns", "setpriv"
+# In USERNS mode bwrap's own two processes (outer, PID 1) run as the code's uid too.
+_BWRAP_PROCS = 2
+
+
 @functools.lru_cache(maxsize=None)
-def _tools(as_root: bool) -> dict[str, str]:
+def _tools(setpriv: bool) -> dict[str, str]:
   """Absolute paths of the host binaries the sandbox needs; SandboxUnavailableError if missing."""
-  needed = ["bwrap", "prlimit"] + (["setpriv"] if as_root else [])
+  needed = ["bwrap", "prlimit"] + (["setpriv"] if setpriv else [])
   found = {name: shutil.which(name) for name in needed}
   missing = [name for name, path in found.items() if path is None]
   if missing:
@@ -142,12 +151,14 @@ def _system_mounts() -> list[str]:
   return args
 
 
-def call_rlimits(limits: SandboxLimits) -> list[tuple[int, int, int]]:
-  """(resource, soft, hard) of a call. The CPU hard limit (SIGKILL) trails the soft one
-  (SIGXCPU) so the usual exit is SIGXCPU."""
+def call_rlimits(limits: SandboxLimits, extra_procs: int = 0) -> list[tuple[int, int, int]]:
+  """(resource, soft, hard) of a call; extra_procs: processes of the uid that are not the
+  code's. The CPU hard limit (SIGKILL) trails the soft one (SIGXCPU), so the usual exit is
+  SIGXCPU."""
+  procs = limits.max_procs + extra_procs
   return [(resource.RLIMIT_AS, limits.memory_mb << 20, limits.memory_mb << 20),
           (resource.RLIMIT_CPU, limits.cpu_s, limits.cpu_s + 1),
-          (resource.RLIMIT_NPROC, limits.max_procs, limits.max_procs),
+          (resource.RLIMIT_NPROC, procs, procs),
           (resource.RLIMIT_FSIZE, limits.max_workspace_mb << 20, limits.max_workspace_mb << 20),
           (resource.RLIMIT_CORE, 0, 0)]
 
@@ -157,25 +168,25 @@ _PRLIMIT_NAMES = {resource.RLIMIT_AS: "as", resource.RLIMIT_CPU: "cpu",
                   resource.RLIMIT_CORE: "core"}
 
 
-def bwrap_argv(*, limits: SandboxLimits, host_uid: Optional[int],
-               command: list[str]) -> list[str]:
+def bwrap_argv(*, limits: SandboxLimits, host_uid: Optional[int], command: list[str],
+               mode: str = USERNS) -> list[str]:
   """The full bwrap command line for one call (pure; exposed for inspection and tests).
 
   bwrap gets the workspace (O_PATH, bound at /workspace), its info pipe and the seccomp
-  program as fds `process.CHILD_*_FD`. With host_uid (the harness is root) the code runs as
-  that unprivileged host uid and `call_rlimits` must be set on bwrap (the launcher does);
-  with None, bwrap makes an unprivileged user namespace and runs `prlimit` inside.
+  program as fds `process.CHILD_*_FD`; `launch_as` says what the launcher does before it.
 
   Args:
     limits: the per-call limits.
-    host_uid: the unprivileged host uid to run the code as, or None (see above).
+    host_uid: the unprivileged host uid of the code (the harness is root), or None (the
+      harness is a normal user: `prlimit` inside sets the limits).
     command: interpreter argv, e.g. ["/usr/bin/python3", "-c", code].
+    mode: USERNS, or SETPRIV (root only: `setpriv` inside drops to host_uid).
   """
-  tools = _tools(host_uid is not None)
+  tools = _tools(mode == SETPRIV)
   scratch = str(limits.max_workspace_mb << 20)
   argv = [tools["bwrap"], "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
           "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
-  if host_uid is None:
+  if mode == USERNS:
     argv += ["--unshare-user", "--disable-userns"]
   else:  # privileged bwrap; only setpriv's uid switch needs capabilities, dropped right after
     argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
@@ -189,6 +200,8 @@ def bwrap_argv(*, limits: SandboxLimits, host_uid: Optional[int],
            "--perms", "0755", "--dir", "/sandbox", "--perms", "0755", "--dir", "/sandbox/bin",
            "--symlink", SYSTEM_PYTHON, "/sandbox/bin/python",
            "--symlink", SYSTEM_PYTHON, "/sandbox/bin/python3",
+           # The root tmpfs belongs to the code's uid in a user namespace: read-only once built.
+           "--remount-ro", "/",
            "--clearenv", "--setenv", "PATH", "/sandbox/bin:/usr/local/bin:/usr/bin:/bin",
            "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
            "--setenv", "PYTHONDONTWRITEBYTECODE", "1", "--setenv", "PYTHONUNBUFFERED", "1",
@@ -196,15 +209,20 @@ def bwrap_argv(*, limits: SandboxLimits, host_uid: Optional[int],
   if host_uid is None:
     argv += [tools["prlimit_in"], *(f"--{_PRLIMIT_NAMES[r]}={soft}:{hard}"
                                     for r, soft, hard in call_rlimits(limits)), "--"]
-  else:
+  elif mode == SETPRIV:
     argv += [tools["setpriv_in"], f"--reuid={host_uid}", f"--regid={host_uid}",
              "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
   return argv + command
 
 
-def _rlimits(limits: SandboxLimits, host_uid: Optional[int]) -> list[tuple[int, int, int]]:
-  """What the launcher sets on bwrap: `call_rlimits` as root, nothing else (prlimit inside)."""
-  return call_rlimits(limits) if host_uid is not None else []
+def launch_as(limits: SandboxLimits, host_uid: Optional[int],
+              mode: str) -> tuple[Optional[int], list[tuple[int, int, int]]]:
+  """(uid the launcher drops to before bwrap, rlimits it sets on bwrap) for `bwrap_argv`."""
+  if host_uid is None:
+    return None, []
+  if mode == SETPRIV:
+    return None, call_rlimits(limits)
+  return host_uid, call_rlimits(limits, extra_procs=_BWRAP_PROCS)
 
 
 def _limit_hit(done: Completed, stderr: str) -> Optional[str]:
@@ -274,24 +292,37 @@ def _code_problem(code: str) -> Optional[str]:
   return "code_size" if size > MAX_CODE_BYTES or "\0" in code else None
 
 
-@functools.lru_cache(maxsize=None)
-def check_available(as_root: bool) -> None:
-  """Runs a trivial sandbox once per process; SandboxUnavailableError says why it cannot."""
+def _probe(as_root: bool, mode: str) -> Optional[str]:
+  """Runs a trivial sandbox in `mode`; None if it worked, else what went wrong."""
   with tempfile.TemporaryDirectory(prefix="bat-sandbox-probe-") as tmp:
     host_uid = _HOST_UID_MIN if as_root else None
     if host_uid is not None:
       workspace_lib.claim(Path(tmp), host_uid, host_uid)
+    run_as, rlimits = launch_as(SandboxLimits(), host_uid, mode)
     with call_fds(Path(tmp)) as fds:
-      argv = bwrap_argv(limits=SandboxLimits(), host_uid=host_uid,
+      argv = bwrap_argv(limits=SandboxLimits(), host_uid=host_uid, mode=mode,
                         command=["/bin/sh", "-c", "echo ok > probe"])
       done = run_bwrap(argv, fds, wall_s=30.0, max_output_bytes=1 << 16,
-                       max_memory_bytes=1 << 30, rlimits=_rlimits(SandboxLimits(), host_uid))
-    if done.returncode != 0 or not os.path.exists(os.path.join(tmp, "probe")):
-      how = ("as root, bwrap needs CAP_SYS_ADMIN to make mount namespaces (in a container: "
-             "--cap-add SYS_ADMIN or --privileged)" if as_root else INSTALL_HINT)
-      raise SandboxUnavailableError(
-          f"bubblewrap cannot create a sandbox here (exit {done.returncode}: "
-          f"{done.stderr.decode(errors='replace').strip()!r}); {how}")
+                       max_memory_bytes=1 << 30, run_as=run_as, rlimits=rlimits)
+    if done.returncode == 0 and os.path.exists(os.path.join(tmp, "probe")):
+      return None
+    return f"{mode}: exit {done.returncode}: {done.stderr.decode(errors='replace').strip()!r}"
+
+
+@functools.lru_cache(maxsize=None)
+def check_available(as_root: bool) -> str:
+  """Runs a trivial sandbox once per process and returns the mode that works (USERNS first;
+  as root, SETPRIV next); SandboxUnavailableError says why none does."""
+  failures = []
+  for mode in (USERNS, SETPRIV) if as_root else (USERNS,):
+    failure = _probe(as_root, mode)
+    if failure is None:
+      return mode
+    failures.append(failure)
+  how = ("as root, bwrap needs CAP_SYS_ADMIN to make mount namespaces (in a container: "
+         "--cap-add SYS_ADMIN or --privileged)" if as_root else INSTALL_HINT)
+  raise SandboxUnavailableError(
+      f"bubblewrap cannot create a sandbox here ({'; '.join(failures)}); {how}")
 
 
 class Sandbox:
@@ -318,7 +349,7 @@ class Sandbox:
       raise ValueError(f"evidence_path {str(evidence_path)!r} is inside the workspace "
                        f"{str(self.workspace)!r}; the agent could forge it")
     as_root = os.geteuid() == 0
-    check_available(as_root)
+    self.mode = check_available(as_root)
     # Random per sandbox so concurrent sandboxes do not share one RLIMIT_NPROC count.
     self.host_uid: Optional[int] = (
         _HOST_UID_MIN + 1 + secrets.randbelow(_HOST_UID_SPAN) if as_root else None)
@@ -416,12 +447,13 @@ class Sandbox:
     launcher = self._launcher()
     with workspace_lib.staged(self.workspace, self._stage) as staged, \
         call_fds(staged, no_sysv_shm=launcher.group is None) as fds:
-      argv = bwrap_argv(limits=self.limits, host_uid=self.host_uid,
+      argv = bwrap_argv(limits=self.limits, host_uid=self.host_uid, mode=self.mode,
                         command=[*_INTERPRETERS[language], code])
+      run_as, rlimits = launch_as(self.limits, self.host_uid, self.mode)
       return run_bwrap(argv, fds, wall_s=self.limits.wall_s,
                        max_output_bytes=self.limits.max_output_bytes,
                        max_memory_bytes=self.limits.memory_mb << 20, launcher=launcher,
-                       rlimits=_rlimits(self.limits, self.host_uid), watch=self._watch(staged))
+                       run_as=run_as, rlimits=rlimits, watch=self._watch(staged))
 
   def _record(self, record: evidence_lib.EvidenceRecord) -> None:
     if self.evidence_path is not None:

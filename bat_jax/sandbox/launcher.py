@@ -79,14 +79,16 @@ class Launcher:
   def alive(self) -> bool:
     return self._proc.poll() is None
 
-  def start(self, argv: Sequence[str], stdout: int, stderr: int, extra_fds: Sequence[int],
+  def start(self, argv: Sequence[str], stdout: int, stderr: int, extra_fds: Sequence[int], *,
+            run_as: Optional[int] = None,
             rlimits: Sequence[tuple[int, int, int]] = ()) -> Child:
-    """Forks argv with fds 1, 2 = stdout, stderr and 3, 4, ... = extra_fds; returns the child.
+    """Forks argv with fds 1, 2 = stdout, stderr and 3, 4, ... = extra_fds, as uid and gid
+    run_as (no supplementary groups) when given, with rlimits; returns the child.
 
     Raises:
       LauncherError: the launcher is gone or did not answer.
     """
-    head = json.dumps({"rlimits": [list(r) for r in rlimits],
+    head = json.dumps({"run_as": run_as, "rlimits": [list(r) for r in rlimits],
                        "oom_score_adj": self._oom_score_adj}).encode()
     body = head + b"\n" + b"\0".join(os.fsencode(a) for a in argv)
     try:

@@ -4,18 +4,22 @@ One runs per `Sandbox`, moved into its memory cgroup once: every call's bwrap is
 here, so it is born inside the group and no call pays a cgroup migration. It serves one call
 at a time over the SOCK_SEQPACKET socket FD:
 
-  request  JSON {"rlimits": [[resource, soft, hard], ...], "oom_score_adj"}, a newline, then
+  request  JSON {"run_as": uid or null, "rlimits": [[resource, soft, hard], ...],
+           "oom_score_adj"}, a newline, then
            argv as NUL-separated bytes (argv holds no NUL; no escaping, so 120 kB of code fits
            one message), with fds [stdout, stderr, *extra] attached; the child gets them as
            1, 2, 3, ... (0 is /dev/null)
   replies  {"pid"} with the child's pidfd attached, then {"status"} (exit code; -N: signal N)
 
-The child leads a new session, takes the rlimits (inherited by everything bwrap starts) and
-the harness's OOM score (the launcher itself is exempt from the OOM killer, so an OOM in the
+The child leads a new session, takes the rlimits (inherited by everything bwrap starts), drops
+to uid and gid `run_as` with no supplementary groups (as root; bwrap then makes a user
+namespace for that uid), and takes the harness's OOM score (the launcher itself is exempt from the OOM killer, so an OOM in the
 group kills the call, never the launcher). When the harness goes away (EOF on the socket, or
-anything arriving mid-call), the running call is SIGKILLed and the launcher exits.
+anything arriving mid-call), the running call is SIGKILLed and the launcher exits. It is a
+child subreaper, so it reaps whatever of a call outlives bwrap before it reports the status.
 """
 
+import ctypes
 import fcntl
 import json
 import os
@@ -24,6 +28,8 @@ import select
 import signal
 import socket
 import sys
+
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def _child(request: dict, argv: list, fds: list) -> None:
@@ -45,12 +51,27 @@ def _child(request: dict, argv: list, fds: list) -> None:
       pass
     for res, soft, hard in request["rlimits"]:
       resource.setrlimit(res, (soft, hard))
+    uid = request["run_as"]
+    if uid is not None:
+      os.setgroups([])
+      os.setresgid(uid, uid, uid)
+      os.setresuid(uid, uid, uid)
     os.execve(argv[0], argv, {"PATH": "/usr/bin:/bin"})
   except BaseException as e:  # pylint: disable=broad-except
     try:
       os.write(2, f"sandbox launcher: cannot start {argv[:1]}: {e}\n".encode())
     finally:
       os._exit(127)
+
+
+def _reap_orphans() -> None:
+  """Waits for what bwrap left (a PID 1 whose bwrap was killed first, e.g. by the OOM killer,
+  re-parents here: it dies of bwrap's --die-with-parent)."""
+  while True:
+    try:
+      os.waitpid(-1, 0)
+    except ChildProcessError:
+      return
 
 
 def _serve_one(sock: socket.socket, msg: bytes, fds: list) -> bool:
@@ -73,10 +94,12 @@ def _serve_one(sock: socket.socket, msg: bytes, fds: list) -> bool:
       if sock.fileno() in ready:  # EOF or a stray message mid-call: the harness is gone
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         os.waitpid(pid, 0)
+        _reap_orphans()
         return False
       if pidfd in ready:
         break
     _, status = os.waitpid(pid, 0)
+    _reap_orphans()
     sock.send(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode())
     return True
   finally:
@@ -85,6 +108,8 @@ def _serve_one(sock: socket.socket, msg: bytes, fds: list) -> bool:
 
 def main() -> None:
   sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=int(sys.argv[1]))
+  # A child subreaper: orphans of a call re-parent here, not to a host init that may not reap.
+  ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
   while True:
     try:
       msg, fds, flags, _ = socket.recv_fds(sock, 1 << 20, 16)

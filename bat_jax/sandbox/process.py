@@ -26,6 +26,8 @@ from bat_jax.sandbox.launcher import Child, Launcher, LauncherError
 _MEMORY_POLL_S = 0.1
 # The workspace's size, entry count and depth are checked this often during a call.
 _WATCH_POLL_S = 0.2
+# After PID 1 is SIGKILLed, bwrap exits within this (else it is killed too).
+_KILL_GRACE_S = 5.0
 # After a SIGKILL, bwrap's exit status comes back within this (else the launcher is broken).
 _REAP_TIMEOUT_S = 30.0
 # The fd numbers bwrap gets `CallFds.passed()` as (bwrap_argv names these).
@@ -88,6 +90,13 @@ def _read_pid1(info: bytes) -> Optional[int]:
   return pid if isinstance(pid, int) and pid > 1 else None
 
 
+def _sigkill(pidfd: int) -> None:
+  try:
+    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+  except (ProcessLookupError, OSError):
+    pass
+
+
 @dataclasses.dataclass
 class _Watch:
   """State of one running call, read and updated by `run_bwrap`'s helpers."""
@@ -106,14 +115,17 @@ class _Watch:
   returncode: Optional[int] = None
 
   def kill(self) -> None:
-    """SIGKILLs the sandbox's PID 1 (the kernel then kills its whole pid namespace) and bwrap
-    (its --die-with-parent kills PID 1 too, should bwrap die before saying who that is)."""
-    for fd in (self.pid1_fd, self.child.pidfd):
-      if fd is not None:
-        try:
-          signal.pidfd_send_signal(fd, signal.SIGKILL)
-        except (ProcessLookupError, OSError):
-          pass
+    """SIGKILLs the sandbox's PID 1 (the kernel then kills its whole pid namespace; bwrap reaps
+    it and exits), and waits for bwrap's exit status. bwrap itself is killed when PID 1 is not
+    known yet or bwrap outlives the grace (its --die-with-parent then kills PID 1)."""
+    if self.pid1_fd is not None:
+      _sigkill(self.pid1_fd)
+      self.returncode = self.launcher.wait(_KILL_GRACE_S)
+    if self.returncode is None:
+      _sigkill(self.child.pidfd)
+      self.returncode = self.launcher.wait(_REAP_TIMEOUT_S)
+    if self.returncode is None:
+      raise LauncherError("sandbox launcher gave no exit status after SIGKILL")
 
   def close(self) -> None:
     for fd in (*self.out_r.values(), self.child.pidfd, self.pid1_fd):
@@ -122,12 +134,13 @@ class _Watch:
     self.fds.close("info_r")
 
 
-def _start(argv: Sequence[str], fds: CallFds, launcher: Launcher,
+def _start(argv: Sequence[str], fds: CallFds, launcher: Launcher, run_as: Optional[int],
            rlimits: Sequence[tuple[int, int, int]]) -> _Watch:
   pipes = {"stdout": os.pipe(), "stderr": os.pipe()}
   try:
     oom_base = launcher.group.oom_kills() if launcher.group is not None else 0
-    child = launcher.start(argv, pipes["stdout"][1], pipes["stderr"][1], fds.passed(), rlimits)
+    child = launcher.start(argv, pipes["stdout"][1], pipes["stderr"][1], fds.passed(),
+                           run_as=run_as, rlimits=rlimits)
   except BaseException:
     for r, w in pipes.values():
       os.close(r)
@@ -145,8 +158,11 @@ def _on_read(w: _Watch, what: str, chunk: bytes, max_output_bytes: int) -> None:
     w.info += chunk
     if w.pid1_fd is None:
       w.pid1 = _read_pid1(bytes(w.info))
-      if w.pid1 is not None:  # bwrap has not reaped it: the pid is still its
-        w.pid1_fd = os.pidfd_open(w.pid1)
+      if w.pid1 is not None:  # bwrap reaps it only as it exits itself: the pid is still its
+        try:
+          w.pid1_fd = os.pidfd_open(w.pid1)
+        except ProcessLookupError:  # the call is over already
+          w.pid1 = None
     return
   room = max_output_bytes - w.total
   w.bufs[what] += chunk[:max(room, 0)]
@@ -201,9 +217,6 @@ def _reap(w: _Watch, deadline: float) -> None:
       w.stopped = "wall"
   if w.returncode is None:
     w.kill()
-    w.returncode = w.launcher.wait(_REAP_TIMEOUT_S)
-    if w.returncode is None:
-      raise LauncherError("sandbox launcher gave no exit status after SIGKILL")
   if w.pid1_fd is not None:  # bwrap reaps PID 1 before it exits; this just makes it certain
     waiter = select.poll()
     waiter.register(w.pid1_fd, select.POLLIN)
@@ -212,10 +225,11 @@ def _reap(w: _Watch, deadline: float) -> None:
 
 def run_bwrap(argv: list[str], fds: CallFds, *, wall_s: float, max_output_bytes: int,
               max_memory_bytes: int, launcher: Optional[Launcher] = None,
-              rlimits: Sequence[tuple[int, int, int]] = (),
+              run_as: Optional[int] = None, rlimits: Sequence[tuple[int, int, int]] = (),
               watch: Optional[Callable[[], Optional[str]]] = None) -> Completed:
   """Runs argv (through `launcher`, or a one-off launcher with no cgroup), capturing at most
-  max_output_bytes of stdout+stderr. argv names fds by the CHILD_*_FD numbers.
+  max_output_bytes of stdout+stderr. argv names fds by the CHILD_*_FD numbers; the launcher
+  starts it as uid `run_as` (if given) with `rlimits`.
 
   Kills the sandbox at wall_s, at the output cap, when its memory goes over max_memory_bytes
   (the kernel does it in the launcher's cgroup; otherwise polled every _MEMORY_POLL_S), or
@@ -228,16 +242,15 @@ def run_bwrap(argv: list[str], fds: CallFds, *, wall_s: float, max_output_bytes:
   if launcher is None:
     with contextlib.closing(Launcher()) as one_off:
       return run_bwrap(argv, fds, wall_s=wall_s, max_output_bytes=max_output_bytes,
-                       max_memory_bytes=max_memory_bytes, launcher=one_off, rlimits=rlimits,
-                       watch=watch)
+                       max_memory_bytes=max_memory_bytes, launcher=one_off, run_as=run_as,
+                       rlimits=rlimits, watch=watch)
   deadline = time.monotonic() + wall_s
-  w = _start(argv, fds, launcher, rlimits)
+  w = _start(argv, fds, launcher, run_as, rlimits)
   try:
     _pump(w, deadline, max_output_bytes, max_memory_bytes, watch)
     _reap(w, deadline)
   except BaseException:
-    w.kill()  # never leave a sandbox running behind an exception
-    _drain_after_error(w)
+    _kill_after_error(w)  # never leave a sandbox running behind an exception
     raise
   finally:
     w.close()
@@ -251,12 +264,14 @@ def run_bwrap(argv: list[str], fds: CallFds, *, wall_s: float, max_output_bytes:
                    w.stopped if w.stopped not in known and w.stopped is not None else None)
 
 
-def _drain_after_error(w: _Watch) -> None:
-  """After a kill behind an exception: reads bwrap's exit status so the launcher is ready for
-  the next call, and waits for bwrap to be gone; a launcher that cannot say is closed."""
+def _kill_after_error(w: _Watch) -> None:
+  """Kills the sandbox behind an exception, reading bwrap's exit status so the launcher is
+  ready for the next call; a launcher that cannot say is closed (and bwrap waited for)."""
+  if w.returncode is not None:
+    return
   try:
-    if w.returncode is None and w.launcher.wait(_REAP_TIMEOUT_S) is None:
-      raise LauncherError("no exit status after SIGKILL")
+    w.kill()
   except (LauncherError, OSError, ValueError):
+    _sigkill(w.child.pidfd)
     w.launcher.close()
     select.select([w.child.pidfd], [], [], _REAP_TIMEOUT_S)  # bwrap's own exit, at least

@@ -222,6 +222,8 @@ def neutral_stage(workspace: Path) -> Optional[Path]:
       if os.stat(base).st_dev != dev:
         continue
       stage = Path(tempfile.mkdtemp(prefix="", dir=base))
+      # Searchable, not listable: bwrap, run as the code's uid, resolves the workspace path.
+      os.chmod(stage, 0o711)
     except OSError:
       continue
     return stage
