@@ -1,0 +1,107 @@
+"""The per-Sandbox launcher and memory cgroup: calls are born in the group, one group serves
+every call, a dead launcher is replaced, a dead harness takes its call with it, and the
+SETPRIV fallback mode contains as USERNS does."""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+from sandbox_helpers import FAST, processes_of, processes_running
+
+from bat_jax.sandbox import bwrap, cgroup
+
+MEM = dataclasses.replace(FAST, wall_s=20.0, cpu_s=15, memory_mb=256, max_workspace_mb=512)
+_HOG = "b = []\nwhile True: b.append(bytearray(50 << 20))"
+
+
+def _group_pids(group: cgroup.MemoryCgroup) -> set[int]:
+  return {int(p) for p in (group.path / "cgroup.procs").read_text().split()}
+
+
+def test_calls_are_born_in_the_sandbox_memory_group(make_sandbox):
+  if not cgroup.available():
+    pytest.skip("no writable memory cgroup here")
+  sb = make_sandbox(MEM)
+  assert sb.execute("bash", "true").exit_code == 0
+  group = sb._launcher_now.group  # pylint: disable=protected-access
+  siblings = set(group.path.parent.iterdir())
+  seen: set[int] = set()
+  t = threading.Thread(target=lambda: sb.execute("bash", "sleep 1.5"))
+  t.start()
+  deadline = time.monotonic() + 10
+  while time.monotonic() < deadline and not processes_of(sb.host_uid or -1):
+    time.sleep(0.02)
+  seen = _group_pids(group)
+  t.join()
+  code_pids = processes_of(sb.host_uid) if sb.host_uid is not None else []
+  assert len(seen) >= 3, seen  # the launcher, bwrap, its PID 1, the code
+  assert code_pids == []  # all gone after the call
+  assert set(group.path.parent.iterdir()) == siblings  # no group made per call
+  assert sb._launcher_now.group is group  # pylint: disable=protected-access
+
+
+def test_an_oom_kill_marks_only_its_own_call(make_sandbox):
+  if not cgroup.available():
+    pytest.skip("no writable memory cgroup here")
+  sb = make_sandbox(dataclasses.replace(MEM, memory_mb=2048))
+  code = "import mmap\nm = mmap.mmap(-1, 3000 << 20, mmap.MAP_SHARED)\n" \
+         "for i in range(0, len(m), 4096): m[i] = 1"
+  assert sb.execute("python", code).limit_hit == "memory"
+  r = sb.execute("bash", "echo fine")
+  assert (r.limit_hit, r.exit_code, r.stdout) == (None, 0, "fine\n")
+
+
+def test_a_dead_launcher_is_replaced(make_sandbox):
+  sb = make_sandbox()
+  assert sb.execute("bash", "true").exit_code == 0
+  first = sb._launcher_now  # pylint: disable=protected-access
+  os.kill(first._proc.pid, signal.SIGKILL)  # pylint: disable=protected-access
+  first._proc.wait()  # pylint: disable=protected-access
+  r = sb.execute("bash", "echo again")
+  assert (r.exit_code, r.stdout) == (0, "again\n")
+  assert sb._launcher_now is not first  # pylint: disable=protected-access
+
+
+def test_a_killed_harness_takes_its_call_with_it(tmp_path, require_bwrap):
+  marker = f"bat-launcher-orphan-{os.getpid()}"
+  script = textwrap.dedent(f"""
+      from pathlib import Path
+      from bat_jax.sandbox import Sandbox, materialize
+      materialize({{"a.txt": "1"}}, Path({str(tmp_path)!r}) / "ws")
+      sb = Sandbox(Path({str(tmp_path)!r}) / "ws")
+      sb.execute("bash", "( trap '' TERM; exec -a {marker} sleep 60 ) & sleep 60")
+  """)
+  harness = subprocess.Popen([sys.executable, "-c", script])
+  try:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not processes_running(marker):
+      time.sleep(0.05)
+    assert processes_running(marker), "the call never started"
+  finally:
+    harness.kill()
+    harness.wait()
+  deadline = time.monotonic() + 10
+  while time.monotonic() < deadline and processes_running(marker):
+    time.sleep(0.05)
+  assert processes_running(marker) == []
+
+
+def test_setpriv_mode_contains_too(make_sandbox):
+  if os.geteuid() != 0:
+    pytest.skip("SETPRIV mode is for a root harness")
+  sb = make_sandbox()
+  sb.mode = bwrap.SETPRIV
+  r = sb.execute("bash", "id -u; grep CapEff /proc/self/status; "
+                         "for p in /pwned /usr/pwned /etc/pwned; do echo x > $p && echo WROTE; done")
+  lines = r.stdout.split("\n")
+  assert lines[0] == str(sb.host_uid) and lines[1].endswith("0000000000000000"), r.stdout
+  assert "WROTE" not in r.stdout
+  r = sb.execute("python", "import os, time\nwhile True:\n  if os.fork() == 0: time.sleep(60)")
+  assert r.limit_hit == "procs", r.stderr[-300:]
+  assert processes_of(sb.host_uid) == []
