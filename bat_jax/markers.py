@@ -254,7 +254,10 @@ class _TextScan:
   tail: tuple[tuple[str, ...], str]  # last tokens, last squashed chars
 
 
+_UNSEEN = object()
 _MEMO_LIMIT = 1_000_000  # bound memory on adversarially diverse input
+# Hashed windows remembered (payload -> digest if an export table holds it); cleared when full.
+_KNOWN_LIMIT = 500_000
 
 
 class MarkerMatcher:
@@ -291,6 +294,9 @@ class MarkerMatcher:
     self._edge = max(self._lengths + (GRAM_N,)) - 1
     self.digest = export_digest(export)
     self.marker_count = int(export.get("marker_count", 0))
+    self._all_digests = frozenset().union(
+        *self._hashes.values(), *self._squash.values(), self._anchors, self._gram_groups)
+    self._known: dict[str, str | None] = {}
     self._memo: dict[str, _TextScan] = {}
     self._junction_memo: dict[tuple, tuple[tuple[str, int, str], ...]] = {}
 
@@ -303,23 +309,42 @@ class MarkerMatcher:
       table[int(n)] = frozenset(hashes)
     return table
 
+  def _digest_if_known(self, payload: str) -> str | None:
+    """sha256(salt + payload) when some export table holds it, else None.
+
+    Memoised: a round's texts (workspace scripts, specs, briefs) share most of their windows,
+    so each distinct window is hashed once, not once per occurrence.
+    """
+    d = self._known.get(payload, _UNSEEN)
+    if d is _UNSEEN:
+      h = self._base.copy()
+      h.update(payload.encode("utf-8"))
+      d = h.hexdigest()
+      d = d if d in self._all_digests else None
+      if len(self._known) >= _KNOWN_LIMIT:
+        self._known.clear()
+      self._known[payload] = d
+    return d
+
   def _token_hits(self, tokens: tuple[str, ...], out: list) -> None:
+    known = self._digest_if_known
     for n in self._lengths:
       table = self._hashes[n]
       for j in range(len(tokens) - n + 1):
-        d = _hash_tokens(self._base, tokens[j:j + n])
-        if d in table:
+        d = known(_JOIN.join(tokens[j:j + n]))
+        if d is not None and d in table:
           out.append(("tokens", n, d))
 
   def _squash_hits(self, squashed: str, starts: range, out: list) -> None:
     if not self._anchors:
       return
+    known = self._digest_if_known
     for i in starts:
-      lengths = self._anchors.get(_hash_tokens(self._base, [squashed[i:i + SQUASH_MIN]]))
-      for n in lengths or ():
+      anchor = known(squashed[i:i + SQUASH_MIN])
+      for n in (self._anchors.get(anchor) if anchor is not None else None) or ():
         if i + n <= len(squashed):
-          d = _hash_tokens(self._base, [squashed[i:i + n]])
-          if d in self._squash.get(n, ()):
+          d = known(squashed[i:i + n])
+          if d is not None and d in self._squash.get(n, ()):
             out.append(("squashed", n, d))
 
   def _grams(self, tokens: tuple[str, ...]) -> set[str]:
@@ -327,8 +352,8 @@ class MarkerMatcher:
       return set()
     found = set()
     for j in range(len(tokens) - GRAM_N + 1):
-      d = _hash_tokens(self._base, tokens[j:j + GRAM_N])
-      if d in self._gram_groups:
+      d = self._digest_if_known(_JOIN.join(tokens[j:j + GRAM_N]))
+      if d is not None and d in self._gram_groups:
         found.add(d)
     return found
 
@@ -371,16 +396,16 @@ class MarkerMatcher:
     for n in self._lengths:
       table = self._hashes[n]
       for j in range(max(0, cut - n + 1), min(cut, len(tokens) - n + 1)):
-        d = _hash_tokens(self._base, tokens[j:j + n])
-        if d in table:
+        d = self._digest_if_known(_JOIN.join(tokens[j:j + n]))
+        if d is not None and d in table:
           hits.append(("tokens", n, d))
     squashed = tail[1][-JUNCTION_CHARS:] + head[1]
     self._squash_hits(squashed, range(max(0, len(squashed) - len(head[1]) - JUNCTION_CHARS),
                                       len(squashed) - len(head[1])), hits)
     if self._gram_groups:
       for j in range(max(0, cut - GRAM_N + 1), min(cut, len(tokens) - GRAM_N + 1)):
-        d = _hash_tokens(self._base, tokens[j:j + GRAM_N])
-        if d in self._gram_groups:
+        d = self._digest_if_known(_JOIN.join(tokens[j:j + GRAM_N]))
+        if d is not None and d in self._gram_groups:
           hits.append(("gram", 0, d))
     result = tuple(hits)
     if len(self._junction_memo) < _MEMO_LIMIT:

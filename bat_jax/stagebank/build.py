@@ -31,12 +31,11 @@ class BuiltRound:
 
 
 _worker_source: rl_rows.TaskSource | None = None
-_worker_checker: leakcheck.LeakChecker | None = None
 
 
-def _init_worker(source: rl_rows.TaskSource, checker: leakcheck.LeakChecker | None = None) -> None:
-  global _worker_source, _worker_checker
-  _worker_source, _worker_checker = source, checker
+def _init_worker(source: rl_rows.TaskSource) -> None:
+  global _worker_source
+  _worker_source = source
 
 
 def _describe_in_worker(key: tuple[str, str, int, str]) -> rl_rows.TaskDescription:
@@ -54,25 +53,29 @@ def workspace_findings(checker: leakcheck.LeakChecker, row: Mapping[str, Any], i
   return checker.check_workspace(instance.files, index=index, pool=pool)
 
 
-def _workspace_in_worker(job: tuple[dict, int, str]) -> list[leakcheck.LeakFinding]:
-  return workspace_findings(_worker_checker, *job)
+def scan_workspaces(checker: leakcheck.LeakChecker,
+                    pools: Mapping[str, Sequence[Any]]) -> list[leakcheck.LeakFinding]:
+  """`workspace_findings` of every row of a round (row indices as in its leak receipt).
 
-
-def scan_workspaces(checker: leakcheck.LeakChecker, pools: Mapping[str, Sequence[Any]], *,
-                    workers: int = 1) -> list[leakcheck.LeakFinding]:
-  """`workspace_findings` of every row of a round (row indices as in its leak receipt)."""
-  jobs, index = [], 0
+  Serial, in this process: the checker's memo tables are warm from the rows and stay warm
+  across workspaces (a process pool re-sent the checker to each worker and started every
+  memo cold: slower than this). Rows whose workspaces are identical (same recipe, same
+  content digest) are scanned once.
+  """
+  findings: list[leakcheck.LeakFinding] = []
+  by_workspace: dict[str, list[leakcheck.LeakFinding]] = {}
+  index = 0
   for pool, rows in pools.items():
     for row in rows:
-      jobs.append((row, index, pool))
+      recipe = row["extra_info"]["workspace_recipe"]  # what `task_source.instance_for` reads
+      key = json.dumps([recipe["generator"], recipe["track"], recipe["seed"], recipe["outcome"],
+                        recipe.get("action_space", "code"),
+                        row["extra_info"]["provenance"]["source_digest"]])
+      if key not in by_workspace:
+        by_workspace[key] = workspace_findings(checker, row, 0, "")
+      findings.extend(dataclasses.replace(f, row=index, pool=pool) for f in by_workspace[key])
       index += 1
-  if workers <= 1 or len(jobs) < 2 * workers:
-    return [f for job in jobs for f in workspace_findings(checker, *job)]
-  chunk = max(1, len(jobs) // (8 * workers))
-  with concurrent.futures.ProcessPoolExecutor(workers, initializer=_init_worker,
-                                              initargs=(None, checker)) as executor:
-    return [f for found in executor.map(_workspace_in_worker, jobs, chunksize=chunk)
-            for f in found]
+  return findings
 
 
 def describe_all(source: rl_rows.TaskSource, slots: Sequence[rounds.RowSlot], *,
@@ -111,7 +114,7 @@ def build_round(spec: rounds.RoundSpec, source: rl_rows.TaskSource,
                                            round_target=round_target))
   receipt = checker.check_rows((pool, row) for pool, rows in pools.items() for row in rows)
   if receipt.passed:
-    in_workspaces = scan_workspaces(checker, pools, workers=workers)
+    in_workspaces = scan_workspaces(checker, pools)
     if in_workspaces:
       receipt = dataclasses.replace(
           receipt, rows_rejected=len({f.row for f in in_workspaces}),

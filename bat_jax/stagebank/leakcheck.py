@@ -48,6 +48,10 @@ WORKSPACE_TEXT_BYTES = 64 * 1024
 # Also `~/` home paths and Windows drive paths.
 _POSIX_PATH_RE = re.compile(r"(?<![^\s\"'`=:(\[{,;<>|])/[\w.\-]+(?:/[\w.\-]*)*")
 _OTHER_PATH_RE = re.compile(r"(?<![\w/])~/[\w.\-]+|(?<![\w])[A-Za-z]:\\[\w.\-]")
+# An ASCII Netpbm raster (P1 bitmap, P2 graymap, P3 pixmap): its lines of bare integers are
+# pixels (and the size / maxval header), not text; comments and any other line are text.
+_NETPBM_ASCII_RE = re.compile(r"P[123]\s")
+_INTEGER_LINE_RE = re.compile(r"[0-9 \t\r]*")
 
 
 def squash_name(name: str) -> str:
@@ -130,6 +134,21 @@ def _is_true_flag(value: Any) -> bool:
   return True  # containers, objects: not a clear "false", so fail closed
 
 
+def workspace_text(content: bytes | str) -> str:
+  """The text of a workspace file the pre-check scans (see `LeakChecker.check_workspace`)."""
+  if len(content) > WORKSPACE_TEXT_BYTES:
+    return ""
+  if isinstance(content, bytes):
+    try:
+      content = content.decode("utf-8")
+    except UnicodeDecodeError:
+      return ""
+  if _NETPBM_ASCII_RE.match(content):
+    content = "\n".join(line for line in content.split("\n")
+                        if not _INTEGER_LINE_RE.fullmatch(line))
+  return content
+
+
 class LeakChecker:
   """Checks rows against the four leak reasons; memoises per-string results across a round."""
 
@@ -198,18 +217,11 @@ class LeakChecker:
                       pool: str = "") -> list[LeakFinding]:
     """Held-out markers in the files a row's workspace resets to: every file name, and the
     content of every UTF-8 text file up to `WORKSPACE_TEXT_BYTES` (briefs, specs, indexes,
-    scripts; not image rasters or binaries, where a marker is no text a policy reads)."""
+    scripts; not binaries, nor the integer rows of ASCII image rasters, where a marker is no
+    text a policy reads: their comments and any other line are scanned)."""
     findings = []
     for rel in sorted(files):
-      content = files[rel]
-      if len(content) > WORKSPACE_TEXT_BYTES:
-        content = ""
-      elif isinstance(content, bytes):
-        try:
-          content = content.decode("utf-8")
-        except UnicodeDecodeError:
-          content = ""
-      for hit in self.matcher.find({rel: content}):
+      for hit in self.matcher.find({rel: workspace_text(files[rel])}):
         findings.append(LeakFinding(index, pool, "heldout_marker", f"workspace:{rel}",
                                     f"sha256:{hit.digest[:12]}"))
     return findings
