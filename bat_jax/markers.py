@@ -32,17 +32,15 @@ Matching scheme (version 2). Everything is hashed as `sha256(salt + b"\\x00" + p
 
 from __future__ import annotations
 
-import base64
-import binascii
 import codecs
 import dataclasses
 import hashlib
-import html
 import json
 import re
 import unicodedata
-import urllib.parse
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Mapping
+
+from bat_jax.text_decoding import decoded_variants
 
 SCHEME = "bat_jax.markers/v2"
 MIN_MARKER_CHARS = 4
@@ -69,9 +67,6 @@ _CONFUSABLES = str.maketrans({
     "Ο": "o", "Ρ": "p", "Τ": "t", "Υ": "y", "Χ": "x", "А": "a", "В": "b", "Е": "e", "К": "k",
     "М": "m", "Н": "h", "О": "o", "Р": "p", "С": "c", "Т": "t", "У": "y", "Х": "x", "Ѕ": "s",
     "І": "i", "Ј": "j"})
-_B64_RE = re.compile(r"[A-Za-z0-9+/_\-]{8,}={0,2}")
-_HEX_RE = re.compile(r"(?:[0-9A-Fa-f]{2}){6,}")
-_MAX_DECODE_DEPTH = 2
 # All-hex squashed forms (numbers, hex ids) occur by chance inside every digest: they are matched
 # on token boundaries only, never glued into other text.
 _HEXISH_RE = re.compile(r"[0-9a-f]+")
@@ -197,32 +192,6 @@ def export_digest(export: Mapping[str, Any]) -> str:
 def empty_export(salt: str | bytes = b"") -> dict[str, Any]:
   """An export with no markers (tests and explicitly allowed development builds only)."""
   return export_markers((), salt)
-
-
-def decoded_variants(text: str, depth: int = _MAX_DECODE_DEPTH) -> Iterator[str]:
-  """`text` decoded from URL-encoding, HTML entities and base64 / hex runs (not `text` itself)."""
-  if depth <= 0:
-    return
-  found = []
-  if "%" in text:
-    found.append(urllib.parse.unquote(text, errors="replace"))
-  if "&" in text:
-    found.append(html.unescape(text))
-  for m in _B64_RE.finditer(text):
-    run = m.group(0)
-    for altchars in (b"+/", b"-_"):
-      try:
-        raw = base64.b64decode(run.rstrip("=") + "=" * (-len(run.rstrip("=")) % 4),
-                               altchars=altchars)
-      except (binascii.Error, ValueError):
-        continue
-      found.append(raw.decode("utf-8", errors="ignore"))
-  for m in _HEX_RE.finditer(text):
-    found.append(bytes.fromhex(m.group(0)).decode("utf-8", errors="ignore"))
-  for variant in found:
-    if variant and variant != text:
-      yield variant
-      yield from decoded_variants(variant, depth - 1)
 
 
 @dataclasses.dataclass(frozen=True)

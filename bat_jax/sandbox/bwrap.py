@@ -224,6 +224,14 @@ class Sandbox:
     if self._stage is not None:
       weakref.finalize(self, workspace_lib.remove_stage, str(self._stage))
 
+  def close(self) -> None:
+    """Stops this Sandbox's launcher and removes its memory cgroup now (garbage collection does
+    it otherwise); a later call starts a new launcher."""
+    with self._lock:
+      if self._launcher_now is not None:
+        self._launcher_finalizer()
+        self._launcher_now = None
+
   @property
   def evidence(self) -> list[evidence_lib.EvidenceRecord]:
     """Every call so far, in order."""

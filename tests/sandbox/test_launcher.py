@@ -68,6 +68,16 @@ def test_a_dead_launcher_is_replaced(make_sandbox):
   assert sb._launcher_now is not first  # pylint: disable=protected-access
 
 
+def test_close_stops_the_launcher_and_removes_its_group(make_sandbox):
+  sb = make_sandbox()
+  assert sb.execute("bash", "true").exit_code == 0
+  first = sb._launcher_now  # pylint: disable=protected-access
+  sb.close()
+  assert first._proc.poll() is not None  # pylint: disable=protected-access
+  assert first.group is None or not first.group.path.exists()
+  assert sb.execute("bash", "echo back").stdout == "back\n"  # a new launcher
+
+
 def test_a_killed_harness_takes_its_call_with_it(tmp_path, require_bwrap):
   marker = f"bat-launcher-orphan-{os.getpid()}"
   script = textwrap.dedent(f"""
