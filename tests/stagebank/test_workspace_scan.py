@@ -1,0 +1,54 @@
+"""The leak pre-check's workspace scan: what text it reads, and identical workspaces once."""
+
+import dataclasses
+
+from bat_jax import markers
+from bat_jax.stagebank import build, leakcheck
+
+_RASTER = "P2\n# acquired ho-823311 night shift\n4 2\n255\n260 216 236 258\n222 231 255 211\n"
+
+
+def _checker(*strings):
+  return leakcheck.LeakChecker(markers.MarkerMatcher(markers.export_markers(strings, salt="t")))
+
+
+def test_raster_comments_are_text_and_pixel_rows_are_not():
+  pixels = _checker("236 258 222")
+  assert pixels.check_workspace({"data/a.pgm": _RASTER.encode()}) == []
+  assert _checker("ho-823311").check_workspace({"data/a.pgm": _RASTER.encode()}) != []
+  # The same numbers in a table are text: found there.
+  found = pixels.check_workspace({"data/t.csv": b"x,y,z\n236 258 222,1,2\n"})
+  assert {f.path for f in found} == {"workspace:data/t.csv"}
+  # A file that is no raster from its first line on is scanned whole.
+  assert pixels.check_workspace({"notes.txt": "x\nP2\n236 258 222\n"}) != []
+
+
+def test_marker_hidden_in_raster_text_lines_is_caught():
+  checker = _checker("secret-heldout-case-7781")
+  hidden = _RASTER + "secret heldout case 7781\n"
+  assert checker.check_workspace({"a.pgm": hidden}) != []
+  assert checker.check_workspace({"a.pgm": _RASTER.replace("4 2", "4 2 secret-heldout-case-7781")})
+
+
+def _row(track, seed, stage, digest):
+  return {"extra_info": {
+      "workspace_recipe": {"generator": f"bat_jax.tasks/{track}", "track": track, "seed": seed,
+                           "outcome": "success", "action_space": "code",
+                           "boundary_stage": stage},
+      "provenance": {"source_digest": digest}}}
+
+
+def test_identical_workspaces_are_scanned_once(monkeypatch):
+  calls = []
+  finding = leakcheck.LeakFinding(0, "", "heldout_marker", "workspace:x", "sha256:0")
+
+  def fake(checker, row, index, pool):
+    calls.append(row["extra_info"]["workspace_recipe"]["seed"])
+    return [finding] if row["extra_info"]["workspace_recipe"]["seed"] == 1 else []
+  monkeypatch.setattr(build, "workspace_findings", fake)
+  pools = {"a": [_row("vqa", 1, "S1", "d1"), _row("vqa", 2, "S1", "d2")],
+           "b": [_row("vqa", 1, "S3", "d1"), _row("vqa", 1, "S2", "d1")]}
+  found = build.scan_workspaces(None, pools)
+  assert sorted(calls) == [1, 2]  # seed 1's workspace (three rows) scanned once
+  assert [(f.row, f.pool) for f in found] == [(0, "a"), (2, "b"), (3, "b")]
+  assert found[0] == dataclasses.replace(finding, row=0, pool="a")
