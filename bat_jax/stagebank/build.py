@@ -21,6 +21,10 @@ BUILDER_VERSION = "bat_jax.stagebank/1"
 MARKERS_FILE = "markers.json"  # default place of the evaluator's hashed export in a bank
 
 
+# A task's description and the held-out markers in its initial workspace.
+_Described = tuple[rl_rows.TaskDescription, list[leakcheck.LeakFinding]]
+
+
 @dataclasses.dataclass(frozen=True)
 class BuiltRound:
   """A round's rows (per pool, in order), its batch composition and its leak receipt."""
@@ -31,15 +35,32 @@ class BuiltRound:
 
 
 _worker_source: rl_rows.TaskSource | None = None
+_worker_checker: leakcheck.LeakChecker | None = None
+# (track, outcome, seed) -> markers in that task's initial workspace, in this process.
+_workspace_memo: dict[tuple[str, str, int], list[leakcheck.LeakFinding]] = {}
 
 
-def _init_worker(source: rl_rows.TaskSource) -> None:
-  global _worker_source
-  _worker_source = source
+def _init_worker(source: rl_rows.TaskSource, checker: leakcheck.LeakChecker | None) -> None:
+  global _worker_source, _worker_checker
+  _worker_source, _worker_checker = source, checker
+  _workspace_memo.clear()
 
 
-def _describe_in_worker(key: tuple[str, str, int, str]) -> rl_rows.TaskDescription:
-  return _worker_source.describe(*key)
+def _describe_and_scan(source: rl_rows.TaskSource, checker: leakcheck.LeakChecker | None,
+                       key: tuple[str, str, int, str]) -> _Described:
+  """source.describe(*key); with a checker and a `bat_jax.tasks` source, also the markers in
+  the task's initial workspace (the files its digest covers), scanned once per task."""
+  if checker is None or not isinstance(source, task_source.TasksPackageSource):
+    return source.describe(*key), []
+  task, files = source.describe_with_files(*key)
+  found = _workspace_memo.get(key[:3])
+  if found is None:
+    found = _workspace_memo[key[:3]] = checker.check_workspace(files)
+  return task, found
+
+
+def _describe_in_worker(key: tuple[str, str, int, str]) -> _Described:
+  return _describe_and_scan(_worker_source, _worker_checker, key)
 
 
 def workspace_findings(checker: leakcheck.LeakChecker, row: Mapping[str, Any], index: int,
@@ -79,15 +100,22 @@ def scan_workspaces(checker: leakcheck.LeakChecker,
 
 
 def describe_all(source: rl_rows.TaskSource, slots: Sequence[rounds.RowSlot], *,
-                 workers: int = 1) -> list[rl_rows.TaskDescription]:
-  """Task descriptions of `slots`, in order; task generation fans out over `workers` processes
-  (it dominates build time: the families synthesise images in pure Python)."""
+                 workers: int = 1,
+                 checker: leakcheck.LeakChecker | None = None) -> list[_Described]:
+  """(task description, workspace markers) of `slots`, in order (see `_describe_and_scan`;
+  finding rows and pools are set by the caller). Task generation fans out over `workers`
+  processes (it dominates build time: the families synthesise images in pure Python); the
+  workspace scan rides along, on files just generated, instead of regenerating them."""
   keys = [(s.track, s.outcome, s.task_seed, s.stage) for s in slots]
   if workers <= 1 or len(keys) < 2 * workers:
-    return [source.describe(*k) for k in keys]
+    _workspace_memo.clear()
+    try:
+      return [_describe_and_scan(source, checker, k) for k in keys]
+    finally:
+      _workspace_memo.clear()
   chunk = max(1, len(keys) // (8 * workers))
   with concurrent.futures.ProcessPoolExecutor(workers, initializer=_init_worker,
-                                              initargs=(source,)) as executor:
+                                              initargs=(source, checker)) as executor:
     return list(executor.map(_describe_in_worker, keys, chunksize=chunk))
 
 
@@ -107,14 +135,16 @@ def build_round(spec: rounds.RoundSpec, source: rl_rows.TaskSource,
   view = rounds.plan_round(spec)
   round_target = spec.weights.primary_stage
   slots = [slot for pool in workflow.POOLS for slot in view[pool]]
-  tasks = describe_all(source, slots, workers=workers)
+  described = describe_all(source, slots, workers=workers, checker=checker)
   pools = {pool: [] for pool in workflow.POOLS}
-  for slot, task in zip(slots, tasks):
+  for slot, (task, _) in zip(slots, described):
     pools[slot.pool].append(rl_rows.rl_row(slot, task, round_index=spec.round_index,
                                            round_target=round_target))
   receipt = checker.check_rows((pool, row) for pool, rows in pools.items() for row in rows)
   if receipt.passed:
-    in_workspaces = scan_workspaces(checker, pools)
+    # slots run pool by pool, so a slot's index is its row's index in the receipt.
+    in_workspaces = [dataclasses.replace(f, row=i, pool=slots[i].pool)
+                     for i, (_, found) in enumerate(described) for f in found]
     if in_workspaces:
       receipt = dataclasses.replace(
           receipt, rows_rejected=len({f.row for f in in_workspaces}),

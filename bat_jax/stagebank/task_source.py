@@ -34,13 +34,18 @@ class TasksPackageSource:
     self.action_space = workflow.check_action_space(action_space)
 
   def describe(self, track: str, outcome: str, seed: int, focus: str) -> TaskDescription:
+    return self.describe_with_files(track, outcome, seed, focus)[0]
+
+  def describe_with_files(self, track: str, outcome: str, seed: int,
+                          focus: str) -> tuple[TaskDescription, Mapping[str, bytes | str]]:
+    """`describe`, and the initial workspace files its `workspace_sha256` is the digest of."""
     if track not in self._tasks.FAMILIES:
       raise ValueError(f"bat_jax.tasks has no family for track {track!r}")
     instance = self._tasks.generate(track, seed, outcome, self.action_space)
     return TaskDescription(generator=f"{self.name}/{track}", task_id=instance.task_id,
                            brief=self._tasks.brief_for(instance, focus),
                            workspace_sha256=files_digest(instance.files),
-                           action_space=self.action_space)
+                           action_space=self.action_space), instance.files
 
 
 def stage_tools_source() -> TasksPackageSource:

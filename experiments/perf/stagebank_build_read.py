@@ -70,6 +70,12 @@ def main() -> None:
   t_check = time.perf_counter() - t0
   assert receipt.passed
   print(f"leak-check only: {t_check:.2f}s ({n_rows / t_check:.0f} rows/s)")
+  # The workspace files rows reset to (regenerated, digest-checked), also with cold memos.
+  t0 = time.perf_counter()
+  assert not build.scan_workspaces(leakcheck.LeakChecker(markers.MarkerMatcher(export)),
+                                   built.pools)
+  t_ws = time.perf_counter() - t0
+  print(f"workspace scan only: {t_ws:.2f}s ({n_rows / t_ws:.0f} rows/s)")
 
   with tempfile.TemporaryDirectory() as tmp:
     t0 = time.perf_counter()

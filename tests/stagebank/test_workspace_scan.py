@@ -1,9 +1,12 @@
 """The leak pre-check's workspace scan: what text it reads, and identical workspaces once."""
 
 import dataclasses
+import json
+
+import pytest
 
 from bat_jax import markers
-from bat_jax.stagebank import build, leakcheck
+from bat_jax.stagebank import build, leakcheck, rounds, task_source
 
 _RASTER = "P2\n# acquired ho-823311 night shift\n4 2\n255\n260 216 236 258\n222 231 255 211\n"
 
@@ -52,3 +55,21 @@ def test_identical_workspaces_are_scanned_once(monkeypatch):
   assert sorted(calls) == [1, 2]  # seed 1's workspace (three rows) scanned once
   assert [(f.row, f.pool) for f in found] == [(0, "a"), (2, "b"), (3, "b")]
   assert found[0] == dataclasses.replace(finding, row=0, pool="a")
+
+
+def test_build_reports_workspace_markers_at_their_rows_with_worker_processes():
+  """The scan rides along task generation, also in worker processes: findings name the rows
+  whose workspaces hold the marker, and only those."""
+  spec = rounds.RoundSpec(0, rounds.RoundWeights.for_target("S1"), seed=4, n_batches=1)
+  source = task_source.TasksPackageSource()
+  built = build.build_round(spec, source, _checker("unrelated-heldout-9931"), workers=2)
+  rows = [row for pool in built.pools.values() for row in pool]
+  row_text = json.dumps(built.pools).lower()
+  texts = [" ".join(c.decode("utf-8", "ignore") if isinstance(c, bytes) else c
+                    for c in task_source.instance_for(row).files.values()) for row in rows]
+  hidden = next(line.strip() for line in texts[3].splitlines()
+                if len(line.strip()) > 12 and "," in line and line.strip().lower() not in row_text)
+  with pytest.raises(leakcheck.RoundRejected, match="workspace:") as err:
+    build.build_round(spec, source, _checker(hidden), workers=2)
+  flagged = {f.row for f in err.value.receipt.samples}
+  assert flagged == {i for i, text in enumerate(texts) if hidden in text} and 3 in flagged
