@@ -182,7 +182,9 @@ def _over_memory(w: _Watch, max_memory_bytes: int) -> bool:
 def _pump(w: _Watch, deadline: float, max_output_bytes: int, max_memory_bytes: int,
           watch: Optional[Callable[[], Optional[str]]]) -> None:
   """Reads output and info until both pipes close or the call is stopped (`w.stopped`)."""
-  next_memory = next_watch = time.monotonic()
+  next_memory = time.monotonic()
+  # The workspace was checked after the last call: the first walk can wait a poll period.
+  next_watch = next_memory + _WATCH_POLL_S
   with selectors.DefaultSelector() as sel:
     for what, fd in (*w.out_r.items(), ("info", w.fds.info_r)):
       sel.register(fd, selectors.EVENT_READ, what)
