@@ -64,6 +64,7 @@ class Launcher:
     finally:
       theirs.close()
     self._sock = ours
+    self._owner = os.getpid()  # a forked copy of the harness must not use or stop it
     self._oom_score_adj = _own_oom_score_adj()
     try:
       try:  # root only: an OOM in the group then kills the call, never the launcher
@@ -77,7 +78,8 @@ class Launcher:
       raise
 
   def alive(self) -> bool:
-    return self._proc.poll() is None
+    """Running, and this process's (not a forked copy's)."""
+    return os.getpid() == self._owner and self._proc.poll() is None
 
   def start(self, argv: Sequence[str], stdout: int, stderr: int, extra_fds: Sequence[int], *,
             run_as: Optional[int] = None,
@@ -120,8 +122,11 @@ class Launcher:
     return int(json.loads(msg)["status"])
 
   def close(self) -> None:
-    """Stops the launcher (EOF: it kills a running call and exits) and removes its group."""
+    """Stops the launcher (EOF: it kills a running call and exits) and removes its group;
+    in a forked copy of the harness, only closes that copy's socket."""
     self._sock.close()
+    if os.getpid() != self._owner:
+      return
     try:
       self._proc.wait(timeout=5.0)
     except subprocess.TimeoutExpired:

@@ -115,3 +115,17 @@ def test_setpriv_mode_contains_too(make_sandbox):
   r = sb.execute("python", "import os, time\nwhile True:\n  if os.fork() == 0: time.sleep(60)")
   assert r.limit_hit == "procs", r.stderr[-300:]
   assert processes_of(sb.host_uid) == []
+
+
+def test_a_forked_harness_gets_its_own_launcher(make_sandbox):
+  sb = make_sandbox()
+  assert sb.execute("bash", "true").exit_code == 0
+  parent = sb._launcher_now  # pylint: disable=protected-access
+  pid = os.fork()
+  if pid == 0:  # the child: its own launcher; the parent's is left alone
+    ok = sb.execute("bash", "echo child").stdout == "child\n" and sb._launcher_now is not parent
+    sb.close()
+    os._exit(0 if ok else 1)
+  _, status = os.waitpid(pid, 0)
+  assert os.waitstatus_to_exitcode(status) == 0
+  assert parent.alive() and sb.execute("bash", "echo parent").stdout == "parent\n"
