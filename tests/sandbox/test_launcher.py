@@ -80,12 +80,14 @@ def test_close_stops_the_launcher_and_removes_its_group(make_sandbox):
 
 def test_a_killed_harness_takes_its_call_with_it(tmp_path, require_bwrap):
   marker = f"bat-launcher-orphan-{os.getpid()}"
+  # The harness's own command line must not hold the marker: it is assembled at run time.
   script = textwrap.dedent(f"""
       from pathlib import Path
       from bat_jax.sandbox import Sandbox, materialize
       materialize({{"a.txt": "1"}}, Path({str(tmp_path)!r}) / "ws")
       sb = Sandbox(Path({str(tmp_path)!r}) / "ws")
-      sb.execute("bash", "( trap '' TERM; exec -a {marker} sleep 60 ) & sleep 60")
+      marker = "bat-launcher-" + "orphan-{os.getpid()}"
+      sb.execute("bash", f"( trap '' TERM; exec -a {{marker}} sleep 60 ) & sleep 60")
   """)
   harness = subprocess.Popen([sys.executable, "-c", script])
   try:
@@ -93,6 +95,8 @@ def test_a_killed_harness_takes_its_call_with_it(tmp_path, require_bwrap):
     while time.monotonic() < deadline and not processes_running(marker):
       time.sleep(0.05)
     assert processes_running(marker), "the call never started"
+    assert harness.pid not in processes_running(marker)
+    time.sleep(0.5)  # the background sleep is up too
   finally:
     harness.kill()
     harness.wait()
