@@ -18,7 +18,7 @@ from bat_jax.model.decoder import seq_tiling
 from hf_fixtures import qwen3_5_text_config
 
 _CYCLE = ["linear_attention"] * 3 + ["full_attention"]
-T = 2048
+T = 1024
 
 
 def _cfg(cycles: int, seq_tile_size):
@@ -45,14 +45,14 @@ def _grad_temp_bytes(cfg) -> int:
   return jax.jit(jax.grad(loss)).lower(params, ids).compile().memory_analysis().temp_size_in_bytes
 
 
-@pytest.mark.parametrize("seq_tile_size", [None, 512], ids=["whole_layer", "tiled"])
+@pytest.mark.parametrize("seq_tile_size", [pytest.param(None, marks=pytest.mark.slow), 256],
+                         ids=["whole_layer", "tiled"])
 def test_extra_layers_cost_their_saved_inputs_not_their_activations(seq_tile_size):
-  two, four = (_grad_temp_bytes(_cfg(c, seq_tile_size)) for c in (2, 4))
+  two, three = (_grad_temp_bytes(_cfg(c, seq_tile_size)) for c in (2, 3))
   saved_input = T * 32 * 2                      # one layer's bf16 input, [T, D]
   mlp_activation = T * 1024 * 4                 # ONE fp32 [T, F] MLP intermediate of one layer
-  per_layer = (four - two) / 8
-  # Measured (CPU): ~0.25 MiB per extra layer (saved input, attention keys / values, param
-  # grads); with the remat lost it is several MLP intermediates (> 8 MiB) per layer.
+  per_layer = (three - two) / 4
+  # With the remat lost an extra layer costs several [T, F] MLP intermediates.
   assert per_layer < mlp_activation / 4, (per_layer, mlp_activation)
   assert per_layer > saved_input / 2, per_layer  # the probe measures something
 
@@ -66,6 +66,7 @@ def test_seq_tiling_covers_the_sequence_in_aligned_tiles():
     cfg.replace(seq_tile_size=0)
 
 
+@pytest.mark.slow
 def test_tiled_forward_and_grads_match_whole_sequence():
   """Tiles (with right padding inside and after the sequence) change no logprob and no
   gradient beyond fp32 summation order; full remat (`recompute_vjp`) changes nothing."""
