@@ -139,22 +139,16 @@ def _batch(shapes: dict[str, tuple[tuple[int, ...], str]]) -> dict[str, Any]:
   return {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in shapes.items()}
 
 
-def plan(cfg, num_layers: Optional[int] = None) -> dict[str, Any]:
-  """Compiles the run's programs abstractly and returns the per-device plan (bytes)."""
+def _compile_programs(cfg, abstract, mesh, shapes: dict[str, tuple[int, int]]):
+  """AOT-compiles the SFT step, the logprob passes and the GRPO step (abstract arguments).
+  Returns (SFT trainer, GRPO trainer, abstract reference params, compile seconds)."""
   import jax
-  from flax import nnx
   from bat_jax.bicurl.grpo_round import (grpo_config, grpo_trainer, logprob_pass_config,
-                                         optimizer_config, run_mesh, step_config)
-  from bat_jax.model import build_model
+                                         optimizer_config, step_config)
   from bat_jax.sft import sft_loss_fn
   from bat_jax.train import Trainer, TrainerConfig, cast_floating
 
-  mesh = run_mesh(cfg)
-  rules = tuple(cfg.sharding.rules)
-  model_cfg = model_config(cfg, num_layers)
-  abstract = nnx.eval_shape(lambda: build_model(model_cfg, rngs=nnx.Rngs(0)))
-  b_sft, t_sft = cfg.sft.global_batch_size, cfg.sft.max_seq_len
-  b_rl, t_rl = cfg.grpo.prompt_groups * cfg.grpo.group_size, trajectory_len(cfg)
+  (b_sft, t_sft), (b_rl, t_rl) = shapes["sft"], shapes["grpo"]
   seconds: dict[str, float] = {}
 
   def timed(name, fn):
@@ -165,7 +159,8 @@ def plan(cfg, num_layers: Optional[int] = None) -> dict[str, Any]:
 
   sft = Trainer.for_model(abstract, sft_loss_fn(chunk_size=cfg.grpo.logprob_chunk_size),
                           TrainerConfig(optimizer_config(cfg.sft, cfg.sft.steps),
-                                        step_config(cfg.sft, cfg.trainer)), mesh, rules)
+                                        step_config(cfg.sft, cfg.trainer)), mesh,
+                          tuple(cfg.sharding.rules))
   sft_batch = _batch({k: ((b_sft, t_sft), "int32") for k in ("input_ids", "loss_mask", "valid")})
   timed("sft_step", lambda: sft.compiled_step(sft_batch))
 
@@ -183,22 +178,38 @@ def plan(cfg, num_layers: Optional[int] = None) -> dict[str, Any]:
                      "old_logp": ((b_rl, t_rl), "float32"),
                      **({"ref_logp": ((b_rl, t_rl), "float32")} if kl else {})})
   timed("grpo_step", lambda: grpo.compiled_step(rl_batch))
+  return sft, grpo, (ref if kl else None), seconds
 
+
+def plan(cfg, num_layers: Optional[int] = None) -> dict[str, Any]:
+  """Compiles the run's programs abstractly and returns the per-device plan (bytes)."""
+  import jax
+  from flax import nnx
+  from bat_jax.bicurl.grpo_round import run_mesh
+  from bat_jax.model import build_model
+  from bat_jax.train import cast_floating
+
+  mesh = run_mesh(cfg)
+  model_cfg = model_config(cfg, num_layers)
+  abstract = nnx.eval_shape(lambda: build_model(model_cfg, rngs=nnx.Rngs(0)))
+  b_sft, t_sft = cfg.sft.global_batch_size, cfg.sft.max_seq_len
+  b_rl, t_rl = cfg.grpo.prompt_groups * cfg.grpo.group_size, trajectory_len(cfg)
+  sft, grpo, ref, seconds = _compile_programs(cfg, abstract, mesh,
+                                              {"sft": (b_sft, t_sft), "grpo": (b_rl, t_rl)})
   state, shardings = grpo.abstract_state, grpo.state_shardings
   params_b = shard_bytes(state.params, shardings.params)
   opt_b = shard_bytes(state.opt_state, shardings.opt_state)
-  ref_b = shard_bytes(ref, shardings.params) if kl else 0
+  ref_b = 0 if ref is None else shard_bytes(ref, shardings.params)
   grads_b = shard_bytes(jax.eval_shape(lambda p: cast_floating(p, "float32"), state.params),
                         shardings.params)
   mem = {**sft.memory, **grpo.memory}
-  name = lambda prefix, shape: f"{prefix}{shape}"
   phases = {
-      "sft_step": _phase(mem[name("step", (b_sft, t_sft))], 0, donated=True),
-      "old_logp_pass": _phase(mem[name("old_logp", (b_rl, t_rl))], opt_b + ref_b, donated=False),
-      "grpo_step": _phase(mem[name("step", (b_rl, t_rl))], ref_b, donated=True),
+      "sft_step": _phase(mem[f"step{(b_sft, t_sft)}"], 0, donated=True),
+      "old_logp_pass": _phase(mem[f"old_logp{(b_rl, t_rl)}"], opt_b + ref_b, donated=False),
+      "grpo_step": _phase(mem[f"step{(b_rl, t_rl)}"], ref_b, donated=True),
   }
-  if kl:
-    phases["ref_logp_pass"] = _phase(mem[name("ref_logp", (b_rl, t_rl))], params_b + opt_b,
+  if ref is not None:
+    phases["ref_logp_pass"] = _phase(mem[f"ref_logp{(b_rl, t_rl)}"], params_b + opt_b,
                                      donated=False)
   peak = max(p["peak"] for p in phases.values())
   budget = layout_budget(cfg, resident=params_b + opt_b + ref_b, context=t_rl, model_cfg=model_cfg)
@@ -208,7 +219,8 @@ def plan(cfg, num_layers: Optional[int] = None) -> dict[str, Any]:
                  "grpo_batch": [b_rl, t_rl], "micro_batches": [cfg.sft.micro_batches,
                                                                cfg.grpo.micro_batches],
                  "weight_dtype": cfg.trainer.weight_dtype,
-                 "reference_dtype": cfg.trainer.reference_dtype, "layout": cfg.memory.layout},
+                 "reference_dtype": cfg.trainer.reference_dtype, "layout": cfg.memory.layout,
+                 "seq_tile_size": model_cfg.seq_tile_size},
       "per_device": {"params": params_b, "optimizer": opt_b, "reference": ref_b,
                      "gradients": grads_b, "phases": phases, "peak": peak},
       "budget": budget,

@@ -163,16 +163,59 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, *,
                                       implementation="xla")
 
 
-def _pad_axis1(x: jax.Array, size: int, value) -> jax.Array:
+def pad_axis1(x: jax.Array, size: int, value) -> jax.Array:
+  """x padded with `value` along axis 1 up to `size`."""
   pad = [(0, 0)] * x.ndim
   pad[1] = (0, size - x.shape[1])
   return jnp.pad(x, pad, constant_values=value)
 
 
-def _blocks(x: jax.Array, block: int) -> jax.Array:
+def seq_blocks(x: jax.Array, block: int) -> jax.Array:
   """[B, N*block, ...] -> [N, B, block, ...] (scan-major)."""
   b, n = x.shape[0], x.shape[1] // block
   return jnp.moveaxis(x.reshape(b, n, block, *x.shape[2:]), 1, 0)
+
+
+def _query_block(q_blk: jax.Array, slots: jax.Array, keys: tuple[jax.Array, ...], *,
+                 scale: float) -> jax.Array:
+  """One query block of `chunked_attention` against every key block (online softmax).
+
+  q_blk: [B, bq, K, G, Dh]; slots: [B, bq]; keys: (k_blocks, v_blocks [Nk, B, bk, K, Dh],
+  valid_blocks [Nk, B, bk], key_starts [Nk]). Returns fp32 [B, bq, K, G, Dh].
+  """
+  b, bq, kv_heads, groups, dh = q_blk.shape
+  bk = keys[0].shape[2]
+  newest = jnp.max(slots)
+
+  def key_block(carry, xs):
+    k_blk, v_blk, valid, start = xs
+
+    def update(carry):
+      m, l, acc = carry  # [B, K, G, bq], [B, K, G, bq], [B, K, G, bq, Dh]
+      logits = jnp.einsum("bqkgd,bskd->bkgqs", q_blk, k_blk,
+                          preferred_element_type=jnp.float32) * scale
+      key_slot = start + jnp.arange(bk, dtype=jnp.int32)
+      visible = ((key_slot[None, None, :] <= slots[:, :, None])
+                 & valid[:, None, :])[:, None, None]  # [B, 1, 1, bq, bk]
+      logits = jnp.where(visible, logits, _MASK_VALUE)
+      # The result is invariant to the running max: no gradient through it.
+      m_new = jax.lax.stop_gradient(jnp.maximum(m, jnp.max(logits, axis=-1)))
+      p = jnp.where(visible, jnp.exp(logits - m_new[..., None]), 0.0)
+      correction = jnp.exp(m - m_new)
+      l_new = l * correction + jnp.sum(p, axis=-1)
+      pv = jnp.einsum("bkgqs,bskd->bkgqd", p.astype(v_blk.dtype), v_blk,
+                      preferred_element_type=jnp.float32)
+      return m_new, l_new, acc * correction[..., None] + pv
+
+    needed = (start <= newest) & jnp.any(valid)
+    return jax.lax.cond(needed, update, lambda c: c, carry), None
+
+  init = (jnp.full((b, kv_heads, groups, bq), _MASK_VALUE, jnp.float32),
+          jnp.zeros((b, kv_heads, groups, bq), jnp.float32),
+          jnp.zeros((b, kv_heads, groups, bq, dh), jnp.float32))
+  (_, l, acc), _ = jax.lax.scan(jax.checkpoint(key_block), init, keys)
+  out = acc / jnp.where(l > 0, l, 1.0)[..., None]  # no visible key -> 0
+  return jnp.moveaxis(out, 3, 1)  # [B, bq, K, G, Dh]
 
 
 def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, *,
@@ -194,50 +237,16 @@ def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionM
   bq, bk = min(block_size, t), min(block_size, s)
   tp, sp = math.ceil(t / bq) * bq, math.ceil(s / bk) * bk
   # Padded queries see nothing (slot -1); padded keys are invalid.
-  q_blocks = _blocks(_pad_axis1(q, tp, 0).reshape(b, tp, kv_heads, groups, dh), bq)
-  slot_blocks = _blocks(_pad_axis1(mask.query_slots, tp, -1), bq)  # [Nq, B, bq]
-  k_blocks = _blocks(_pad_axis1(k, sp, 0), bk)  # [Nk, B, bk, K, Dh]
-  v_blocks = _blocks(_pad_axis1(v, sp, 0), bk)
-  valid_blocks = _blocks(_pad_axis1(mask.key_valid, sp, False), bk)  # [Nk, B, bk]
+  q_blocks = seq_blocks(pad_axis1(q, tp, 0).reshape(b, tp, kv_heads, groups, dh), bq)
+  slot_blocks = seq_blocks(pad_axis1(mask.query_slots, tp, -1), bq)  # [Nq, B, bq]
+  k_blocks = seq_blocks(pad_axis1(k, sp, 0), bk)  # [Nk, B, bk, K, Dh]
+  v_blocks = seq_blocks(pad_axis1(v, sp, 0), bk)
+  valid_blocks = seq_blocks(pad_axis1(mask.key_valid, sp, False), bk)  # [Nk, B, bk]
   key_starts = jnp.arange(sp // bk, dtype=jnp.int32) * bk
-
-  def query_block(q_blk: jax.Array, slots: jax.Array) -> jax.Array:
-    """q_blk: [B, bq, K, G, Dh], slots: [B, bq] -> out [B, bq, K, G, Dh]."""
-    newest = jnp.max(slots)
-
-    def key_block(carry, xs):
-      k_blk, v_blk, valid, start = xs
-
-      def update(carry):
-        m, l, acc = carry  # [B, K, G, bq], [B, K, G, bq], [B, K, G, bq, Dh]
-        logits = jnp.einsum("bqkgd,bskd->bkgqs", q_blk, k_blk,
-                            preferred_element_type=jnp.float32) * scale
-        key_slot = start + jnp.arange(bk, dtype=jnp.int32)
-        visible = ((key_slot[None, None, :] <= slots[:, :, None])
-                   & valid[:, None, :])[:, None, None]  # [B, 1, 1, bq, bk]
-        logits = jnp.where(visible, logits, _MASK_VALUE)
-        # The result is invariant to the running max: no gradient through it.
-        m_new = jax.lax.stop_gradient(jnp.maximum(m, jnp.max(logits, axis=-1)))
-        p = jnp.where(visible, jnp.exp(logits - m_new[..., None]), 0.0)
-        correction = jnp.exp(m - m_new)
-        l_new = l * correction + jnp.sum(p, axis=-1)
-        pv = jnp.einsum("bkgqs,bskd->bkgqd", p.astype(v_blk.dtype), v_blk,
-                        preferred_element_type=jnp.float32)
-        return m_new, l_new, acc * correction[..., None] + pv
-
-      needed = (start <= newest) & jnp.any(valid)
-      return jax.lax.cond(needed, update, lambda c: c, carry), None
-
-    init = (jnp.full((b, kv_heads, groups, bq), _MASK_VALUE, jnp.float32),
-            jnp.zeros((b, kv_heads, groups, bq), jnp.float32),
-            jnp.zeros((b, kv_heads, groups, bq, dh), jnp.float32))
-    (_, l, acc), _ = jax.lax.scan(jax.checkpoint(key_block), init,
-                                  (k_blocks, v_blocks, valid_blocks, key_starts))
-    out = acc / jnp.where(l > 0, l, 1.0)[..., None]  # no visible key -> 0
-    return jnp.moveaxis(out, 3, 1).astype(q.dtype)  # [B, bq, K, G, Dh]
+  keys = (k_blocks, v_blocks, valid_blocks, key_starts)
 
   def scan_body(_, xs):
-    return None, query_block(*xs)
+    return None, _query_block(*xs, keys, scale=scale).astype(q.dtype)
 
   _, out = jax.lax.scan(jax.checkpoint(scan_body), None, (q_blocks, slot_blocks))
   out = jnp.moveaxis(out, 0, 1).reshape(b, tp, h, dh)  # [B, Tp, H, Dh]

@@ -66,6 +66,10 @@ class ModelConfig:
   # (blockwise, any backend) or None (automatic; see model/attention.py).
   attention_impl: str | None = None
   attention_block_size: int = 512
+  # Cache-free forwards longer than this run each decoder layer over sequence tiles of at most
+  # this many tokens (DeltaNet state carried, attention queries tiled against all keys), so a
+  # layer's backward holds one tile's activations, not the sequence's (None: never tile).
+  seq_tile_size: int | None = 8192
   # Stack the repeating layer cycle's params ([num_cycles, ...] per cycle
   # position) and run it under `lax.scan`: compile time independent of depth.
   scan_layers: bool = True
@@ -100,6 +104,8 @@ class ModelConfig:
           f"attention_impl {self.attention_impl!r} is not one of {ATTENTION_IMPLS} or None")
     if self.attention_block_size < 1:
       raise ValueError(f"attention_block_size must be positive, got {self.attention_block_size}")
+    if self.seq_tile_size is not None and self.seq_tile_size < 1:
+      raise ValueError(f"seq_tile_size must be positive or None, got {self.seq_tile_size}")
     if self.rotary_dim % 2:
       raise ValueError(
           f"head_dim * partial_rotary_factor = {self.rotary_dim} must be even")

@@ -15,6 +15,7 @@ different lengths can share one batched prefill.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import jax
@@ -22,9 +23,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from bat_jax import sharding
-from bat_jax.model.attention import AttentionMask
+from bat_jax.model.attention import AttentionMask, pad_axis1, seq_blocks
 from bat_jax.model.config import ModelConfig
 from bat_jax.model.deltanet import DeltaNetState, GatedDeltaNet
+from bat_jax.model.remat import recompute_vjp
 from bat_jax.model.layers import (MLP, Attention, Embed, KVCache, RMSNorm, compute_param,
                                   logical_param)
 
@@ -87,17 +89,106 @@ class DecoderLayer(nnx.Module):
                                 write_slots=write_slots)
     else:
       h, cache = self.linear_attn(h, valid=valid, state=cache)
-    x = x + h
-    return x + self.mlp(self.post_attention_layernorm(x)), cache
+    return self._residual_mlp(x, h), cache
+
+  def _residual_mlp(self, x: jax.Array, mixed: jax.Array) -> jax.Array:
+    x = x + mixed
+    return x + self.mlp(self.post_attention_layernorm(x))
+
+  def tiled(self, x: jax.Array, *, tiles: int, policy: Callable[..., bool] | None,
+            positions: jax.Array, attn_mask: AttentionMask, valid: jax.Array) -> jax.Array:
+    """Cache-free layer over `tiles` equal sequence tiles of x [B, T, D] (T % tiles == 0).
+
+    A `lax.scan` over tiles: DeltaNet carries its conv and recurrent state from tile to tile;
+    attention computes keys / values for the whole sequence once and scans query tiles against
+    them. With `policy` each tile is rematerialised, so the backward saves the tile inputs and
+    carries (plus attention's keys / values) and holds one tile's activations at a time. Same
+    arithmetic as `__call__` when tiles are multiples of the DeltaNet chunk and attention block.
+    """
+    tile = x.shape[1] // tiles
+    graphdef, params = nnx.split(self)
+    xs = tuple(seq_blocks(a, tile) for a in (x, positions, valid, attn_mask.query_slots))
+    if self.layer_type == "full_attention":
+      def keys_values(h, params, positions):
+        layer = nnx.merge(graphdef, params)
+        return layer.self_attn.keys_values(layer.input_layernorm(h), positions=positions)
+
+      def attend_tile(x_t, params, key, value, pos_t, slots_t, key_valid):
+        layer = nnx.merge(graphdef, params)
+        mask = AttentionMask(query_slots=slots_t, key_valid=key_valid)
+        mixed = layer.self_attn.attend_to(layer.input_layernorm(x_t), positions=pos_t, key=key,
+                                          value=value, mask=mask)
+        return layer._residual_mlp(x_t, mixed)
+
+      key, value = _rematerialise(keys_values, policy)(x, params, positions)  # [B, T, K, Dh]
+      step = _rematerialise(attend_tile, policy)
+
+      def body(carry, xs):
+        x_t, pos_t, _, slots_t = xs
+        return carry, step(x_t, params, key, value, pos_t, slots_t, attn_mask.key_valid)
+
+      carry = None
+    else:
+      def mix_tile(x_t, params, state, valid_t):
+        layer = nnx.merge(graphdef, params)
+        mixed, state = layer.linear_attn(layer.input_layernorm(x_t), valid=valid_t, state=state)
+        return layer._residual_mlp(x_t, mixed), state
+
+      step = _rematerialise(mix_tile, policy)
+
+      def body(carry, xs):
+        x_t, _, valid_t, _ = xs
+        out, carry = step(x_t, params, carry, valid_t)
+        return carry, out
+
+      carry = self.linear_attn.init_state(x.shape[0], self.linear_attn.dtype)
+    _, out = jax.lax.scan(body, carry, xs)  # [tiles, B, tile, D]
+    return jnp.moveaxis(out, 0, 1).reshape(x.shape)
 
 
-def _remat_layer(layer: DecoderLayer, x: jax.Array, policy: Callable[..., bool], *,
-                 prevent_cse: bool = True, **inputs: jax.Array) -> tuple[jax.Array, None]:
-  """One cache-free layer call under `nnx.remat` with `policy` (`prevent_cse`
-  may be off inside `lax.scan`, whose loop already stops CSE)."""
-  call = nnx.remat(lambda mod, h, kw: mod(h, write_slots=None, cache=None, **kw), policy=policy,
-                   prevent_cse=prevent_cse)
-  return call(layer, x, inputs)
+def _rematerialise(fn: Callable, policy: Callable[..., bool] | None) -> Callable:
+  """fn under `policy`: full remat (`nothing_saveable`) as `recompute_vjp` (saves exactly the
+  inputs, 16-bit words kept 16-bit, recompute ordered after the cotangent), other policies
+  through `jax.checkpoint`, None as is."""
+  if policy is None:
+    return fn
+  if policy is jax.checkpoint_policies.nothing_saveable:
+    return recompute_vjp(fn)
+  return jax.checkpoint(fn, policy=policy)
+
+
+def _remat_layer(layer: DecoderLayer, x: jax.Array, policy: Callable[..., bool],
+                 **inputs: jax.Array) -> jax.Array:
+  """One cache-free layer call rematerialised with `policy` (see `_rematerialise`)."""
+  graphdef, params = nnx.split(layer)
+
+  def call(h, params, inputs):
+    return nnx.merge(graphdef, params)(h, write_slots=None, cache=None, **inputs)[0]
+
+  return _rematerialise(call, policy)(x, params, inputs)
+
+
+def seq_tiling(cfg: ModelConfig, length: int) -> tuple[int, int]:
+  """(tiles, padded length) of a cache-free forward over `length` tokens: one tile up to
+  `cfg.seq_tile_size`, else the fewest tiles of about that size, each a multiple of the DeltaNet
+  chunk and the attention block (so tiling keeps the kernels' arithmetic)."""
+  if cfg.seq_tile_size is None or length <= cfg.seq_tile_size:
+    return 1, length
+  align = math.lcm(cfg.deltanet_chunk_size, cfg.attention_block_size)
+  tiles = -(-length // cfg.seq_tile_size)
+  tile = -(-(-(-length // tiles)) // align) * align
+  return tiles, tiles * tile
+
+
+def _layer_forward(layer: DecoderLayer, x: jax.Array, remat_policy: Callable[..., bool] | None,
+                   tiles: int, **inputs: jax.Array) -> jax.Array:
+  """One cache-free layer: over sequence tiles (tiles > 1, remat per tile), rematerialised
+  whole, or plain."""
+  if tiles > 1:
+    return layer.tiled(x, tiles=tiles, policy=remat_policy, **inputs)
+  if remat_policy is not None:
+    return _remat_layer(layer, x, remat_policy, **inputs)
+  return layer(x, write_slots=None, cache=None, **inputs)[0]
 
 
 def _stack_layers(layers: list[DecoderLayer]) -> DecoderLayer:
@@ -156,18 +247,20 @@ class CausalLM(nnx.Module):
     cycle, pos = divmod(index, self.config.layer_cycle)
     return _layer_slice(self.layers[pos], cycle)
 
-  def _scan_layers(self, x: jax.Array, remat_policy: Callable[..., bool] | None,
-                   **inputs: jax.Array) -> jax.Array:
-    """Cache-free pass over the stacked cycles: one `lax.scan` step per cycle."""
+  def _cache_free_layers(self, x: jax.Array, remat_policy: Callable[..., bool] | None,
+                         tiles: int, **inputs: jax.Array) -> jax.Array:
+    """All layers without a cache; stacked cycles run under one `lax.scan` step per cycle."""
+    if not self.config.scan_layers:
+      for i in range(self.config.num_hidden_layers):
+        x = _layer_forward(self.layers[i], x, remat_policy, tiles, **inputs)
+        x = sharding.constrain(x, sharding.ACTIVATION_AXES)
+      return x
     graphdef, state = nnx.split(self.layers)
 
     def cycle(h, cycle_state):
       for layer in nnx.merge(graphdef, cycle_state):
         h = sharding.constrain(h, sharding.ACTIVATION_AXES)
-        if remat_policy is not None:
-          h, _ = _remat_layer(layer, h, remat_policy, prevent_cse=False, **inputs)
-        else:
-          h, _ = layer(h, write_slots=None, cache=None, **inputs)
+        h = _layer_forward(layer, h, remat_policy, tiles, **inputs)
       return sharding.constrain(h, sharding.ACTIVATION_AXES), None
 
     if self.config.num_cycles == 1:  # a one-step loop only costs XLA fusion across its boundary
@@ -208,13 +301,20 @@ class CausalLM(nnx.Module):
     `remat_policy` (a `jax.checkpoint_policies` entry; training only, no cache)
     rematerialises each decoder layer in the backward pass, so only what the
     policy saves stays live between a layer's forward and its backward.
+    Cache-free forwards longer than `cfg.seq_tile_size` run each layer over
+    sequence tiles (see `seq_tiling`, `DecoderLayer.tiled`).
     """
     if remat_policy is not None and cache is not None:
       raise ValueError("remat_policy is for training forwards and cannot be used with a cache")
-    b, t = input_ids.shape
+    length = input_ids.shape[1]
+    tiles, padded = (1, length) if cache is not None else seq_tiling(self.config, length)
     if valid is None:
-      valid = jnp.ones((b, t), dtype=bool)
-    valid = jnp.broadcast_to(valid.astype(bool), (b, t))
+      valid = jnp.ones(input_ids.shape, dtype=bool)
+    valid = jnp.broadcast_to(valid.astype(bool), input_ids.shape)
+    if padded > length:  # whole tiles: trailing invalid tokens, which reach nothing
+      input_ids, valid = pad_axis1(input_ids, padded, 0), pad_axis1(valid, padded, False)
+      positions = None if positions is None else pad_axis1(positions, padded, 0)
+    b = input_ids.shape[0]
     counts = jnp.cumsum(valid.astype(jnp.int32), axis=1)  # [B, T]
     start = cache.lengths[:, None] if cache is not None else jnp.zeros((b, 1), jnp.int32)
     # Slot (= absolute index) of each token; an invalid token borrows the slot
@@ -222,33 +322,22 @@ class CausalLM(nnx.Module):
     slots = start + counts - 1
     if positions is None:
       positions = jnp.maximum(slots, 0)
-    cache_layers = (None,) * self.config.num_hidden_layers if cache is None else cache.layers
-    if cache is None:
-      attn_mask = AttentionMask.causal(valid)
-      write_slots = None
-    else:
-      max_len = cache.max_len
-      attn_mask = AttentionMask.for_cache(slots, start[:, 0] + counts[:, -1], max_len)
-      write_slots = jnp.where(valid, slots, max_len)  # out of range -> dropped
-
     x = jnp.where(valid[..., None], self.embed_tokens(input_ids), 0)  # padding carries no value
     x = sharding.constrain(x, sharding.ACTIVATION_AXES)
-    inputs = dict(positions=positions, attn_mask=attn_mask, valid=valid)
-    new_layers = []
-    if cache is None and self.config.scan_layers:
-      x = self._scan_layers(x, remat_policy, **inputs)
-    else:
-      for i, layer_cache in enumerate(cache_layers):
-        layer = self.layer(i)
-        if remat_policy is not None:
-          x, layer_cache = _remat_layer(layer, x, remat_policy, **inputs)
-        else:
-          x, layer_cache = layer(x, write_slots=write_slots, cache=layer_cache, **inputs)
-        x = sharding.constrain(x, sharding.ACTIVATION_AXES)
-        new_layers.append(layer_cache)
-    x = self.norm(x)
     if cache is None:
-      return x
+      inputs = dict(positions=positions, attn_mask=AttentionMask.causal(valid), valid=valid)
+      x = self._cache_free_layers(x, remat_policy, tiles, **inputs)
+      return self.norm(x)[:, :length]
+    max_len = cache.max_len
+    inputs = dict(positions=positions, valid=valid,
+                  attn_mask=AttentionMask.for_cache(slots, start[:, 0] + counts[:, -1], max_len))
+    write_slots = jnp.where(valid, slots, max_len)  # out of range -> dropped
+    new_layers = []
+    for i, layer_cache in enumerate(cache.layers):
+      x, layer_cache = self.layer(i)(x, write_slots=write_slots, cache=layer_cache, **inputs)
+      x = sharding.constrain(x, sharding.ACTIVATION_AXES)
+      new_layers.append(layer_cache)
+    x = self.norm(x)
     return x, DecodeCache(layers=tuple(new_layers), lengths=cache.lengths + counts[:, -1])
 
   def __call__(self, input_ids: jax.Array, *, positions: jax.Array | None = None,

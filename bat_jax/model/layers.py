@@ -203,27 +203,41 @@ class Attention(nnx.Module):
     Returns:
       ([B, T, D], updated cache or None).
     """
+    k, v = self.keys_values(x, positions=positions)
+    new_cache = None
+    if cache is not None:
+      rows = jnp.arange(x.shape[0])[:, None]
+      new_cache = KVCache(
+          key=cache.key.at[rows, write_slots].set(k.astype(cache.key.dtype), mode="drop"),
+          value=cache.value.at[rows, write_slots].set(v.astype(cache.value.dtype), mode="drop"))
+      k, v = new_cache.key, new_cache.value
+    return self.attend_to(x, positions=positions, key=k, value=v, mask=mask), new_cache
+
+  def keys_values(self, x: jax.Array, *, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Normed, rotated keys and values of x [B, T, D]: each [B, T, K, Dh]."""
     b, t, _ = x.shape
-    h, kv, dh = self.num_heads, self.num_kv_heads, self.head_dim
+    kv, dh = self.num_kv_heads, self.head_dim
+    k = self.k_norm(self.k_proj(x).reshape(b, t, kv, dh))
+    v = self.v_proj(x).reshape(b, t, kv, dh)
+    cos, sin = rope_cos_sin(positions, self.rotary_dim, self.rope_theta)
+    return apply_rope(k, cos, sin), v
+
+  def attend_to(self, x: jax.Array, *, positions: jax.Array, key: jax.Array, value: jax.Array,
+                mask: AttentionMask) -> jax.Array:
+    """Queries of x [B, T, D] attend to key / value [B, S, K, Dh] under `mask`; the gated,
+    projected output [B, T, D]. (Sequence-tiled layers pass one query tile at a time.)"""
+    b, t, _ = x.shape
+    h, dh = self.num_heads, self.head_dim
     q = self.q_proj(x)
     gate = None
     if self.output_gate:
       q = q.reshape(b, t, h, 2 * dh)
       q, gate = q[..., :dh], q[..., dh:].reshape(b, t, h * dh)
     q = self.q_norm(q.reshape(b, t, h, dh))
-    k = self.k_norm(self.k_proj(x).reshape(b, t, kv, dh))
-    v = self.v_proj(x).reshape(b, t, kv, dh)
     cos, sin = rope_cos_sin(positions, self.rotary_dim, self.rope_theta)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    new_cache = None
-    if cache is not None:
-      rows = jnp.arange(b)[:, None]
-      new_cache = KVCache(
-          key=cache.key.at[rows, write_slots].set(k.astype(cache.key.dtype), mode="drop"),
-          value=cache.value.at[rows, write_slots].set(v.astype(cache.value.dtype), mode="drop"))
-      k, v = new_cache.key.astype(q.dtype), new_cache.value.astype(q.dtype)
-    out = attend(q, k, v, mask, impl=self.attention_impl,
-                 block_size=self.block_size).reshape(b, t, h * dh)
+    q = apply_rope(q, cos, sin)
+    out = attend(q, key.astype(q.dtype), value.astype(q.dtype), mask,
+                 impl=self.attention_impl, block_size=self.block_size).reshape(b, t, h * dh)
     if gate is not None:
       out = out * jax.nn.sigmoid(gate)
-    return self.o_proj(out), new_cache
+    return self.o_proj(out)
