@@ -57,7 +57,9 @@ def chunked_logprobs(hidden: Array, kernel: Array, targets: Array, *, chunk_size
 
   @jax.checkpoint
   def one_chunk(h: Array, t: Array) -> tuple[Array, Array]:
-    logits = jnp.einsum("bcd,dv->bcv", h, kernel, preferred_element_type=jnp.float32)
+    # Rank-2 matmul (see `Linear`): [B*C, D] @ [D, V], batch-major so batch sharding carries.
+    logits = jnp.dot(h.reshape(-1, h.shape[-1]), kernel, preferred_element_type=jnp.float32)
+    logits = logits.reshape(*h.shape[:-1], kernel.shape[-1])
     logits = logits / temperature
     lse = jax.nn.logsumexp(logits, axis=-1)                            # [B, C]
     # A one-hot select, not take_along_axis: its gradient is a select too, where a gather's is
