@@ -57,10 +57,15 @@ def chunked_logprobs(hidden: Array, kernel: Array, targets: Array, *, chunk_size
 
   @jax.checkpoint
   def one_chunk(h: Array, t: Array) -> tuple[Array, Array]:
-    logits = jnp.einsum("bcd,dv->bcv", h, kernel, preferred_element_type=jnp.float32)
+    # Rank-2 matmul (see `Linear`): [B*C, D] @ [D, V], batch-major so batch sharding carries.
+    logits = jnp.dot(h.reshape(-1, h.shape[-1]), kernel, preferred_element_type=jnp.float32)
+    logits = logits.reshape(*h.shape[:-1], kernel.shape[-1])
     logits = logits / temperature
     lse = jax.nn.logsumexp(logits, axis=-1)                            # [B, C]
-    taken = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]   # [B, C]
+    # A one-hot select, not take_along_axis: its gradient is a select too, where a gather's is
+    # a scatter (serial on CPU). Exact: one logit plus zeros.
+    hit = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2) == t[..., None]
+    taken = jnp.sum(jnp.where(hit, logits, 0.0), axis=-1)                # [B, C]
     if with_entropy:
       probs = jax.nn.softmax(jax.lax.stop_gradient(logits), axis=-1)
       ent = jax.lax.stop_gradient(lse) - (probs * jax.lax.stop_gradient(logits)).sum(-1)
