@@ -22,6 +22,7 @@ from bat_jax.evaluator.generators import TIERS as EVALUATOR_TIERS
 from bat_jax.grpo import ADVANTAGE_ESTIMATORS
 from bat_jax.grpo.loss import validate_loss_config
 from bat_jax.model.attention import ATTENTION_IMPLS
+from bat_jax.model.compact_chat import PREAMBLES as TOOL_PREAMBLES
 from bat_jax.model.config import SUPPORTED_MODEL_TYPES
 from bat_jax.rollout.agent_loop import RolloutLimits
 from bat_jax.rollout.engine import SamplingParams
@@ -132,6 +133,7 @@ def _check_model(ck: _Checker) -> None:
 
 def _check_tokenizer(ck: _Checker) -> None:
   ck.one_of("tokenizer.source", TOKENIZER_SOURCES)
+  ck.one_of("tokenizer.tool_preamble", TOOL_PREAMBLES)
   source = ck.get("tokenizer.source")
   if source == "pretrained" and not (ck.get("tokenizer.path") or ck.get("model.path")):
     ck.fail("tokenizer.path", "a pretrained tokenizer needs a directory (or model.path)")

@@ -79,6 +79,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.tokenizer.train = ml_collections.ConfigDict()
   c.tokenizer.train.vocab_size = 4096    # includes the special tokens
   c.tokenizer.train.corpus_tasks = 256   # task instances rendered into the training corpus
+  # Tool block of the system message: the chat template's own (Qwen's ~650-token preamble) or
+  # `compact` (a few lines; bat_jax.model.compact_chat) for small policies trained from scratch.
+  c.tokenizer.tool_preamble = "template"
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1                       # -1: all devices left over

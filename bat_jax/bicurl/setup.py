@@ -19,6 +19,7 @@ from flax import nnx
 
 from bat_jax import tasks, workflow
 from bat_jax.model import ModelConfig, build_model, load_pretrained
+from bat_jax.model import compact_chat
 from bat_jax.model import tokenizer as tokenizer_lib
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.sft import Example, drop_too_long
@@ -83,8 +84,8 @@ def prepare_tokenizer(cfg: ml_collections.ConfigDict, out_dir: Path) -> Path:
 
 
 def chat_format(cfg: ml_collections.ConfigDict, tokenizer_dir: Path) -> tokenizer_lib.ChatFormat:
-  return tokenizer_lib.ChatFormat.for_model(model_type(cfg),
-                                            tokenizer_lib.load_tokenizer(tokenizer_dir))
+  return compact_chat.chat_format_for(cfg.tokenizer.tool_preamble, model_type(cfg),
+                                      tokenizer_lib.load_tokenizer(tokenizer_dir))
 
 
 # --- model -------------------------------------------------------------------------------------
