@@ -185,6 +185,7 @@ def _check_training(ck: _Checker) -> None:
   ck.that("memory.rollout_reserved_gib", lambda v: 0 <= v < ck.get("memory.device_gib"),
           ">= 0 and below memory.device_gib")
   ck.positive("sft.steps", "sft.global_batch_size", "sft.max_seq_len", "sft.num_examples")
+  ck.that("sft.first_action_tasks", lambda v: isinstance(v, int) and v >= 0, "an int >= 0")
   ck.fraction("sft.validation_fraction")
   ck.divides("sft.global_batch_size", "sft.micro_batches")
 

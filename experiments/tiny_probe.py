@@ -111,7 +111,9 @@ def main(argv: list[str]) -> None:
     bank_lib.write_markers(cfg, paths.markers)
   rows_dir = setup.prepare_sft_rows(cfg, paths.sft_rows, paths.markers)
   t_setup = time.time() - t0
-  model, nll = loop._cold_start(cfg, paths, chat, loop._Tracker(cfg, paths))  # pylint: disable=protected-access
+  # The main job's own cold start (private to the loop; the probe must not drift from it).
+  cold_start, tracker = loop._cold_start, loop._Tracker  # pylint: disable=protected-access
+  model, nll = cold_start(cfg, paths, chat, tracker(cfg, paths))
   t_sft = time.time() - t0 - t_setup
   rows = _validation_rows(cfg, rows_dir, chat)[:_MAX_ROWS.value]
   result = {"validation_nll": nll, "seconds": {"setup": t_setup, "sft": t_sft},

@@ -84,8 +84,10 @@ def _call(command: str, thought: str, **flags: Any) -> dict[str, Any]:
           "thought": thought}
 
 
+# The diagnosis without its long `evidence` line (digests): fault and subject are what matter.
 _SHOW_DIAGNOSIS = {"name": workflow.TOOL_NAME,
-                   "arguments": {"language": "bash", "code": f"cat {A['diagnosis']}"},
+                   "arguments": {"language": "bash",
+                                 "code": f"grep -v evidence {A['diagnosis']}"},
                    "thought": "Read what validation diagnosed."}
 
 
