@@ -131,6 +131,9 @@ def _grpo(c: ml_collections.ConfigDict, rounds: int) -> None:
 
 def _rollout(c: ml_collections.ConfigDict) -> None:
   c.rollout.engine = "jax"
+  # 1.0, not 0.7: at 0.7 the post-SFT policy's G=4 samples mostly tie (1 of 6 steps applied an
+  # update in the seed-0 run; 3 of 6 at 1.0, same cold start; experiments/README.md).
+  c.rollout.sampling.temperature = 1.0
   c.rollout.limits.max_turn_tokens = 96
   c.rollout.limits.max_assistant_turns = 9
   c.rollout.limits.max_tool_calls = 8
