@@ -22,6 +22,7 @@ from bat_jax.evaluator.generators import TIERS as EVALUATOR_TIERS
 from bat_jax.grpo import ADVANTAGE_ESTIMATORS
 from bat_jax.grpo.loss import validate_loss_config
 from bat_jax.model.attention import ATTENTION_IMPLS
+from bat_jax.model.compact_chat import PREAMBLES as TOOL_PREAMBLES
 from bat_jax.model.config import SUPPORTED_MODEL_TYPES
 from bat_jax.rollout.agent_loop import RolloutLimits
 from bat_jax.rollout.engine import SamplingParams
@@ -132,6 +133,7 @@ def _check_model(ck: _Checker) -> None:
 
 def _check_tokenizer(ck: _Checker) -> None:
   ck.one_of("tokenizer.source", TOKENIZER_SOURCES)
+  ck.one_of("tokenizer.tool_preamble", TOOL_PREAMBLES)
   source = ck.get("tokenizer.source")
   if source == "pretrained" and not (ck.get("tokenizer.path") or ck.get("model.path")):
     ck.fail("tokenizer.path", "a pretrained tokenizer needs a directory (or model.path)")
@@ -183,6 +185,7 @@ def _check_training(ck: _Checker) -> None:
   ck.that("memory.rollout_reserved_gib", lambda v: 0 <= v < ck.get("memory.device_gib"),
           ">= 0 and below memory.device_gib")
   ck.positive("sft.steps", "sft.global_batch_size", "sft.max_seq_len", "sft.num_examples")
+  ck.that("sft.first_action_tasks", lambda v: isinstance(v, int) and v >= 0, "an int >= 0")
   ck.fraction("sft.validation_fraction")
   ck.divides("sft.global_batch_size", "sft.micro_batches")
 

@@ -254,7 +254,7 @@ STAGE_TOOLS: Mapping[str, str] = {
     "S3": "python tools/validate.py --cases VALIDATION_IDS; when it names a recoverable fault: "
           "python tools/fix.py --fault FAULT --subject SUBJECT, then validate again",
     "S4": "python tools/infer.py --data DATA_DIR, or python tools/infer.py --blocked FAULT when "
-          "validation found a fault that cannot be fixed (cat validation/diagnosis.json)",
+          "validation found a fault that cannot be fixed (grep -v evidence validation/diagnosis.json)",
     "S5": "python tools/submit.py --to SUBMISSION_PATH, or python tools/submit.py --failed FAULT "
           "--subject SUBJECT for an honest failure report",
 }

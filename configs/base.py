@@ -79,6 +79,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.tokenizer.train = ml_collections.ConfigDict()
   c.tokenizer.train.vocab_size = 4096    # includes the special tokens
   c.tokenizer.train.corpus_tasks = 256   # task instances rendered into the training corpus
+  # Tool block of the system message: the chat template's own (Qwen's ~650-token preamble) or
+  # `compact` (a few lines; bat_jax.model.compact_chat) for small policies trained from scratch.
+  c.tokenizer.tool_preamble = "template"
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = -1                       # -1: all devices left over
@@ -134,6 +137,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.validation_fraction = 0.05
   c.sft.max_validation_examples = 512
   c.sft.num_examples = 6400              # rows drawn from the Stage Bank (steps x batch)
+  # Further tasks per grid state giving only each focus's first-action row (nothing executed;
+  # bat_jax.stagebank.sft_rows.SftSpec): task diversity for small from-scratch policies.
+  c.sft.first_action_tasks = 0
   c.sft.remat = "full"
   c.sft.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3})
 

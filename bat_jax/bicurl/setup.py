@@ -19,6 +19,7 @@ from flax import nnx
 
 from bat_jax import tasks, workflow
 from bat_jax.model import ModelConfig, build_model, load_pretrained
+from bat_jax.model import compact_chat
 from bat_jax.model import tokenizer as tokenizer_lib
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.sft import Example, drop_too_long
@@ -83,8 +84,8 @@ def prepare_tokenizer(cfg: ml_collections.ConfigDict, out_dir: Path) -> Path:
 
 
 def chat_format(cfg: ml_collections.ConfigDict, tokenizer_dir: Path) -> tokenizer_lib.ChatFormat:
-  return tokenizer_lib.ChatFormat.for_model(model_type(cfg),
-                                            tokenizer_lib.load_tokenizer(tokenizer_dir))
+  return compact_chat.chat_format_for(cfg.tokenizer.tool_preamble, model_type(cfg),
+                                      tokenizer_lib.load_tokenizer(tokenizer_dir))
 
 
 # --- model -------------------------------------------------------------------------------------
@@ -130,7 +131,8 @@ def prepare_sft_rows(cfg: ml_collections.ConfigDict, out_dir: Path, markers_path
     return out_dir
   states, per_state = sft_states(cfg.sft.num_examples)
   spec = sft_rows.SftSpec(seed=cfg.stagebank.seed, tasks_per_state=per_state, states=states,
-                          action_space=cfg.workflow.action_space)
+                          action_space=cfg.workflow.action_space,
+                          first_action_tasks=cfg.sft.first_action_tasks)
   checker = leakcheck.LeakChecker(load_matcher(markers_path))
   return sft_rows.build_sft_set(out_dir, spec, checker,
                                 sandbox_limits=SandboxLimits(**cfg.sandbox.to_dict()))
@@ -142,7 +144,7 @@ def sft_examples(cfg: ml_collections.ConfigDict, rows_dir: Path,
 
   Rows longer than `sft.max_seq_len` are dropped; the rest are shuffled (seeded), the
   validation share (`sft.validation_fraction`, at most `sft.max_validation_examples`) is split
-  off and the train set is cut to `sft.num_examples`.
+  off and the train set is cut to `sft.num_examples` (plus the `sft.first_action_tasks` rows).
   """
   rows = sft_rows.load_sft_rows(rows_dir)
   encoded = [chat.encode_sft_example(r["messages"], sft_rows.target_action(r)) for r in rows]
@@ -156,7 +158,8 @@ def sft_examples(cfg: ml_collections.ConfigDict, rows_dir: Path,
   n_val = min(cfg.sft.max_validation_examples,
               math.ceil(cfg.sft.validation_fraction * len(kept)))
   n_val = min(n_val, len(kept) - 1)
-  return kept[n_val:][:cfg.sft.num_examples], kept[:n_val]
+  first_action_rows = cfg.sft.first_action_tasks * len(sft_states(cfg.sft.num_examples)[0])
+  return kept[n_val:][:cfg.sft.num_examples + first_action_rows], kept[:n_val]
 
 
 def example_lengths(examples: Sequence[Example]) -> list[int]:

@@ -18,6 +18,7 @@ follows the reference `sft-semantic-row.json`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -112,15 +113,21 @@ class SftSpec:
     tasks_per_state: generated tasks per grid state.
     states: grid states to cover (default: all 126).
     action_space: the tasks' action space (`workflow.ACTION_SPACES`).
+    first_action_tasks: further tasks per grid state that give only the row of each focus's
+      first action. Its context is the system and user messages alone (no observation), so
+      nothing is executed for it: many distinct tasks cheaply, so a small policy must learn to
+      copy a brief's values rather than memorise a few tasks' values.
   """
   seed: int = 0
   tasks_per_state: int = 1
   states: tuple[grid.GridState, ...] = grid.SOURCE_GRID
   action_space: str = "code"
+  first_action_tasks: int = 0
 
   def to_json(self) -> dict[str, Any]:
     return {"seed": self.seed, "tasks_per_state": self.tasks_per_state,
-            "states": [s.key for s in self.states], "action_space": self.action_space}
+            "states": [s.key for s in self.states], "action_space": self.action_space,
+            "first_action_tasks": self.first_action_tasks}
 
 
 def synthesize(spec: SftSpec, *, sandbox_limits: Any = None) -> Iterator[dict[str, Any]]:
@@ -128,7 +135,8 @@ def synthesize(spec: SftSpec, *, sandbox_limits: Any = None) -> Iterator[dict[st
 
   One task is generated per (track, outcome, i) and shared by all of its foci, so the boundary
   snapshots of `materialize_at` (cached in a per-task temporary directory, removed afterwards)
-  run each earlier stage once.
+  run each earlier stage once. The `first_action_tasks` after them give one row per focus
+  (its first action; `actions_in_focus` 1) and run nothing.
   """
   from bat_jax import tasks  # deferred: the bank's CLI must start without the task families
   from bat_jax.sandbox import SandboxLimits
@@ -138,9 +146,15 @@ def synthesize(spec: SftSpec, *, sandbox_limits: Any = None) -> Iterator[dict[st
     cells.setdefault((state.track, state.outcome), []).append(state)
   for (track, outcome), states in cells.items():
     states = sorted(states, key=lambda s: workflow.FOCI.index(s.focus))
-    for i in range(spec.tasks_per_state):
+    for i in range(spec.tasks_per_state + spec.first_action_tasks):
       task_seed = rounds.derive_seed(SFT_POOL, spec.seed, track, outcome, i) & 0x7FFFFFFF
       instance = tasks.generate(track, task_seed, outcome, spec.action_space)
+      row = functools.partial(_task_rows, tasks, instance, task_seed=task_seed, index=i,
+                              seed=spec.seed)
+      if i >= spec.tasks_per_state:  # first actions only: their context has no observation
+        for state in states:
+          yield from row(state, focus_actions(tasks, instance, state.focus)[:1], [""])
+        continue
       with tempfile.TemporaryDirectory(prefix="bat-sft-") as tmp:
         for state in states:
           sandbox = tasks.materialize_at(instance, state.focus, Path(tmp) / state.focus, limits,
@@ -148,10 +162,16 @@ def synthesize(spec: SftSpec, *, sandbox_limits: Any = None) -> Iterator[dict[st
           actions = focus_actions(tasks, instance, state.focus)
           observations = [sandbox.execute(a["arguments"]["language"],
                                           a["arguments"]["code"]).observation for a in actions]
-          sid = rounds.state_id(-1, rounds.DATA_SOURCE, SFT_POOL, state.key, i, spec.seed)
-          yield from rows_for_task(tasks.brief_for(instance, state.focus), state, actions,
-                                   observations, state_id=sid, task_seed=task_seed,
-                                   generator=f"bat_jax.tasks/{track}")
+          yield from row(state, actions, observations)
+
+
+def _task_rows(tasks_module: Any, instance: Any, state: grid.GridState,
+               actions: Sequence[Mapping[str, Any]], observations: Sequence[str], *,
+               task_seed: int, index: int, seed: int) -> list[dict[str, Any]]:
+  sid = rounds.state_id(-1, rounds.DATA_SOURCE, SFT_POOL, state.key, index, seed)
+  return rows_for_task(tasks_module.brief_for(instance, state.focus), state, actions,
+                       observations, state_id=sid, task_seed=task_seed,
+                       generator=f"bat_jax.tasks/{instance.track}")
 
 
 def build_sft_set(out_dir: Path, spec: SftSpec, checker: leakcheck.LeakChecker, *,

@@ -125,6 +125,16 @@ def _case_ids(rng: random.Random, names: NamePool, n: int) -> tuple[str, ...]:
   return tuple(sorted(ids))
 
 
+@dataclasses.dataclass(frozen=True)
+class _ModelFolder:
+  """The model folder of a task: relpaths of its card and weights, and its files."""
+  card: str
+  weights: str
+  version: int
+  missing: Optional[str]      # the module a missing_dependency task's runner imports
+  files: Mapping[str, bytes]
+
+
 def _csv_bytes(columns: tuple[str, ...], rows: tuple[dict, ...]) -> bytes:
   lines = [",".join(columns)] + [",".join(str(r[c]) for c in columns) for r in rows]
   return ("\n".join(lines) + "\n").encode()
@@ -240,17 +250,14 @@ class TrackFamily(abc.ABC):
                           files=files, expected=expected, validation=validation,
                           excluded=excluded, card_scale=card_scale, maxval=maxval)
 
-  def _assemble(self, rng: random.Random, names: NamePool, *, seed: int, outcome: str,
-                fault: Optional[str], data: CaseData, files: Mapping[str, bytes],
-                expected: Mapping[str, Any], validation: list[str], excluded: list[str],
-                card_scale: Any, maxval: int) -> TaskInstance:
-    """Model folder, planted fault, spec, brief and hidden answers around a sample."""
+  def _model_folder(self, rng: random.Random, names: NamePool, fault: Optional[str],
+                    data: CaseData, card_scale: Any) -> _ModelFolder:
+    """The provided model: card, weights (with the planted checkpoint fault), runner, converter."""
     model = f"{rng.choice(names.model_words)}-{self.track[:3]}-{rng.randint(1, 9)}"
     model_dir = f"{workflow.ARTIFACTS['model_dir']}/{model}"
     version = rng.randint(2, 5)
     weights_name = f"{rng.choice(names.weight_stems)}_{rng.choice(('v', 'e', 'r'))}" \
                    f"{rng.randint(1, 40)}.json"
-    weights_rel = f"{model_dir}/{weights_name}"
     params = json.loads(json.dumps(data.params))
     intact = json.dumps({"format_version": version, "params": params}, sort_keys=True).encode()
     weights = intact
@@ -274,13 +281,27 @@ class TrackFamily(abc.ABC):
             "converter": "convert.py", "requires": requires,
             "preprocess": {"intensity_scale": card_scale},
             "output": dict(data.schema)}
+    files = {f"{model_dir}/card.json": json.dumps(card, indent=1, sort_keys=True).encode(),
+             f"{model_dir}/{weights_name}": weights,
+             f"{model_dir}/runner.py": runner_src.encode(),
+             f"{model_dir}/convert.py": sources.inline_source(checks, convert).encode()}
+    return _ModelFolder(card=f"{model_dir}/card.json", weights=f"{model_dir}/{weights_name}",
+                        version=version, missing=missing, files=files)
+
+  def _assemble(self, rng: random.Random, names: NamePool, *, seed: int, outcome: str,
+                fault: Optional[str], data: CaseData, files: Mapping[str, bytes],
+                expected: Mapping[str, Any], validation: list[str], excluded: list[str],
+                card_scale: Any, maxval: int) -> TaskInstance:
+    """Model folder, planted fault, spec, brief and hidden answers around a sample."""
+    folder = self._model_folder(rng, names, fault, data, card_scale)
+    weights_rel, missing, version = folder.weights, folder.missing, folder.version
     data_dir = (f"{workflow.ARTIFACTS['data_dir']}/{rng.choice(names.data_dirs)}_"
                 f"{rng.randint(1, 99)}")
     index_rel = f"{data_dir}/{rng.choice(names.index_names)}.csv"
     task_id = opaque_task_id(names.salt, self.track, outcome, seed)
     spec = {"task_id": task_id, "track": self.track, "objective": self.objective,
             "data": {"dir": data_dir, "index": index_rel},
-            "model": {"card": f"{model_dir}/card.json"},
+            "model": {"card": folder.card},
             "validation_case_ids": validation,
             "prediction_schema": dict(data.schema), "submission": dict(data.submission),
             "artifacts": dict(workflow.ARTIFACTS),
@@ -290,10 +311,7 @@ class TrackFamily(abc.ABC):
             "known_faults": sorted({f for fs in workflow.FAULTS.values() for f in fs})}
     ws: dict[str, bytes] = {f"{data_dir}/{k}": v for k, v in files.items()}
     ws[index_rel] = _csv_bytes(data.columns, data.rows)
-    ws[f"{model_dir}/card.json"] = json.dumps(card, indent=1, sort_keys=True).encode()
-    ws[weights_rel] = weights
-    ws[f"{model_dir}/runner.py"] = runner_src.encode()
-    ws[f"{model_dir}/convert.py"] = sources.inline_source(checks, convert).encode()
+    ws.update(folder.files)
     ws[workflow.ARTIFACTS["spec"]] = json.dumps(spec, indent=1, sort_keys=True).encode()
     subject = {"corrupted_case": excluded[0] if excluded else None,
                "version_mismatch": weights_rel, "degenerate_output": "intensity_scale",

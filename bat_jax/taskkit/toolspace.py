@@ -57,8 +57,13 @@ def facts(instance: TaskInstance) -> dict[str, Any]:
 
 
 def task_facts(instance: TaskInstance) -> str:
-  """The facts line briefs quote: `card=... weights=... data=... cases=N validation=...`."""
-  return " ".join(f"{k}={v}" for k, v in facts(instance).items())
+  """The facts line briefs quote: `card: ...; weights: ...; data: ...; cases: N; ...`.
+
+  Each value follows a space, as it does after its flag in a call (`--data data/x`), so a
+  byte-level BPE tokenizer splits it the same way in both places (`=data` would be one token in
+  `data=data/x` but ` data` in the call): copying it is copying tokens.
+  """
+  return "; ".join(f"{k}: {v}" for k, v in facts(instance).items())
 
 
 def with_stage_tools(instance: TaskInstance) -> TaskInstance:
@@ -79,8 +84,10 @@ def _call(command: str, thought: str, **flags: Any) -> dict[str, Any]:
           "thought": thought}
 
 
+# The diagnosis without its long `evidence` line (digests): fault and subject are what matter.
 _SHOW_DIAGNOSIS = {"name": workflow.TOOL_NAME,
-                   "arguments": {"language": "bash", "code": f"cat {A['diagnosis']}"},
+                   "arguments": {"language": "bash",
+                                 "code": f"grep -v evidence {A['diagnosis']}"},
                    "thought": "Read what validation diagnosed."}
 
 

@@ -28,13 +28,29 @@ def make_brief(rng: random.Random, track: str, objective: str) -> str:
           "results.")
 
 
+# Wording varies across training tasks (the training side's own phrasings), so a small policy
+# learns to find the facts and the stage tools in a brief rather than one fixed sentence; the
+# held-out teacher words its briefs differently again.
+_FACTS_LABELS = ("Facts:", "Task facts:", "Key values:", "Workspace facts:", "Given:")
+_TOOL_CLOSINGS = (
+    "Work through plan, setup, validate, infer and submit with the stage tools in tools/ (usage "
+    "in task/spec.json); an artifact counts only if a tool call you run writes it.",
+    "Use the stage tools in tools/ for the five stages in order (their usage is in "
+    "task/spec.json); only artifacts written by your own tool calls count.",
+    "Run plan, setup, validate, infer and submit one after another with the CLIs in tools/ "
+    "(see task/spec.json); nothing counts unless a call you ran wrote it.",
+    "Do every stage, from planning to the hand-off, with the scripts in tools/; artifacts earn "
+    "credit only when your calls produce them.",
+)
+
+
 def tools_brief(instance: TaskInstance) -> str:
   """The E2E user message of a stage-tools task: the facts line and the tools, briefly."""
-  opening = random.Random(instance.task_id).choice(_OPENINGS)
-  return (f"{opening} Track: {instance.track}. {instance.spec['objective']} Facts: "
-          f"{toolspace.task_facts(instance)}. Work through plan, setup, validate, infer and "
-          "submit with the stage tools in tools/ (usage in task/spec.json); an artifact counts "
-          "only if a tool call you run writes it.")
+  rng = random.Random(instance.task_id)
+  opening, label, closing = (rng.choice(_OPENINGS), rng.choice(_FACTS_LABELS),
+                             rng.choice(_TOOL_CLOSINGS))
+  return (f"{opening} Track: {instance.track}. {instance.spec['objective']} {label} "
+          f"{toolspace.task_facts(instance)}. {closing}")
 
 
 def _handoff(focus: str) -> str:

@@ -134,7 +134,7 @@ def test_tiny_is_a_small_hybrid_qwen3_5_from_scratch():
   known = set(transformers.Qwen3_5TextConfig().to_dict())
   assert set(hf) <= known, set(hf) - known
   hf_cfg = transformers.Qwen3_5TextConfig(**{**hf, "layer_types": list(hf["layer_types"])})
-  assert hf_cfg.hidden_size == 64 and hf_cfg.layer_types[1] == "full_attention"
+  assert hf_cfg.hidden_size == 128 and hf_cfg.layer_types[1] == "full_attention"
 
 
 def test_gpu_configs_use_local_checkpoints_sglang_and_an_8_gpu_mesh():

@@ -35,3 +35,25 @@ def test_sft_set_from_executed_expert_actions(tmp_path, require_bwrap):
       assert len(observations) == k
       assert all(o.startswith("exit_code=") for o in observations)
       assert all(len(o) <= workflow.MAX_OBSERVATION_CHARS for o in observations)
+
+
+def test_first_action_tasks_add_one_unexecuted_row_per_focus(tmp_path):
+  """`first_action_tasks` rows: each focus's first expert action over further distinct tasks,
+  with no observation in the context, so nothing runs (no sandbox needed)."""
+  checker = leakcheck.LeakChecker(markers.MarkerMatcher(markers.empty_export()),
+                                   allow_no_markers=True)
+  spec = sft_rows.SftSpec(seed=4, states=STATES, tasks_per_state=0, first_action_tasks=3,
+                          action_space="stage_tools")
+  rows = sft_rows.load_sft_rows(sft_rows.build_sft_set(tmp_path / "sft", spec, checker))
+  assert len(rows) == 3 * len(STATES)
+  seeds = {r["metadata"]["workspace_recipe"]["seed"] for r in rows}
+  assert len(seeds) == 3 * 2  # three tasks per (track, outcome) cell, two cells
+  for row in rows:
+    meta = row["metadata"]
+    instance = tasks.generate(meta["track"], meta["workspace_recipe"]["seed"], meta["outcome"],
+                              "stage_tools")
+    assert meta["action_index"] == 0
+    assert [m["role"] for m in row["messages"]] == ["system", "user"]
+    assert row["messages"][1]["content"] == tasks.brief_for(instance, meta["stage"])
+    assert sft_rows.target_action(row) == sft_rows.focus_actions(tasks, instance,
+                                                                 meta["stage"])[0]

@@ -63,3 +63,18 @@ def test_values_and_names_vary_across_seeds(track):
 def test_unknown_outcome_is_named():
   with pytest.raises(ValueError, match="partly"):
     FAMILIES["vqa"].generate(0, "partly")
+
+
+def test_stage_tools_briefs_vary_their_wording_but_never_the_heldout_one():
+  from bat_jax import tasks
+  from bat_jax.evaluator import generators
+  from bat_jax.taskkit import toolspace
+  heldout = generators.generate("vqa", 3, "success", "lite", "stage_tools")
+  heldout_tail = heldout.brief.rsplit(toolspace.task_facts(heldout), 1)[-1]
+  closings = set()
+  for seed in range(40):
+    instance = tasks.generate("vqa", seed, "success", "stage_tools")
+    head, tail = instance.brief.rsplit(toolspace.task_facts(instance), 1)
+    closings.add(tail)
+    assert tail != heldout_tail and "Study facts:" not in head
+  assert len(closings) >= 3
