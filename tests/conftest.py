@@ -39,8 +39,11 @@ def require_bwrap():
 # package's own fixture of the same name overrides it, e.g. tests/model's larger one).
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
-  from bat_jax.model import tokenizer as tk  # deferred: most tests never need transformers
-  return tk.train_tokenizer(tk.tiny_corpus(num_docs=120), 600, tmp_path_factory.mktemp("tok"))
+  # deferred: most tests never need transformers
+  from bat_jax.model import tokenizer as tk
+  from bat_jax.model import tokenizer_corpus
+  return tk.train_tokenizer(tokenizer_corpus.tiny_corpus(num_docs=120), 600,
+                            tmp_path_factory.mktemp("tok"))
 
 
 @pytest.fixture(scope="session")
@@ -51,5 +54,5 @@ def tokenizer(tokenizer_dir):
 
 @pytest.fixture(scope="session")
 def chat(tokenizer):
-  from bat_jax.model import tokenizer as tk
-  return tk.ChatFormat.for_model("qwen3_5_text", tokenizer)
+  from bat_jax.model import chat_format
+  return chat_format.ChatFormat.for_model("qwen3_5_text", tokenizer)

@@ -12,6 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bat_jax.model import chat_format
+from bat_jax.model import tokenizer_corpus
 from bat_jax.model import tokenizer as tk
 from bat_jax.sft import SftConfig, drop_too_long, pad_example, sft_dataset, sft_loss_fn
 
@@ -26,8 +28,9 @@ def _action(code: str, thought: str) -> dict:
 
 
 def test_sft_mask_covers_only_the_target_action(tmp_path):
-  tok = tk.load_tokenizer(tk.train_tokenizer(tk.tiny_corpus(60), 400, tmp_path / "tok"))
-  fmt = tk.ChatFormat.for_model("qwen3", tok)
+  tok_dir = tk.train_tokenizer(tokenizer_corpus.tiny_corpus(60), 400, tmp_path / "tok")
+  tok = tk.load_tokenizer(tok_dir)
+  fmt = chat_format.ChatFormat.for_model("qwen3", tok)
   earlier = _action("print(1)", "look first")
   target = _action("print(sorted(__import__('os').listdir('.')))", "list the workspace")
   messages = [{"role": "system", "content": "Work through the staged task."},

@@ -20,7 +20,9 @@ from flax import nnx
 from bat_jax import tasks, workflow
 from bat_jax.model import ModelConfig, build_model, load_pretrained
 from bat_jax.model import compact_chat
+from bat_jax.model import chat_format as chat_format_lib
 from bat_jax.model import tokenizer as tokenizer_lib
+from bat_jax.model import tokenizer_corpus as corpus_lib
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.sft import Example, drop_too_long
 from bat_jax.stagebank import grid, leakcheck, rl_rows, rounds, sft_rows, shards
@@ -46,8 +48,8 @@ def model_type(cfg: ml_collections.ConfigDict) -> str:
 def tokenizer_corpus(num_tasks: int, seed: int, action_space: str = "code") -> list[str]:
   """Texts a from-scratch tokenizer is trained on: briefs, expert code and thoughts of
   `num_tasks` training task instances (tracks x outcomes round-robin), plus the chat markup
-  samples of `tokenizer.tiny_corpus`."""
-  docs = [rl_rows.SYSTEM_PROMPT, *tokenizer_lib.tiny_corpus(seed=seed)]
+  samples of `tokenizer_corpus.tiny_corpus`."""
+  docs = [rl_rows.SYSTEM_PROMPT, *corpus_lib.tiny_corpus(seed=seed)]
   cells = [(t, o) for o in workflow.OUTCOMES for t in workflow.TRACKS]
   for i in range(num_tasks):
     track, outcome = cells[i % len(cells)]
@@ -83,7 +85,8 @@ def prepare_tokenizer(cfg: ml_collections.ConfigDict, out_dir: Path) -> Path:
   return out_dir
 
 
-def chat_format(cfg: ml_collections.ConfigDict, tokenizer_dir: Path) -> tokenizer_lib.ChatFormat:
+def chat_format(cfg: ml_collections.ConfigDict,
+                tokenizer_dir: Path) -> chat_format_lib.ChatFormat:
   return compact_chat.chat_format_for(cfg.tokenizer.tool_preamble, model_type(cfg),
                                       tokenizer_lib.load_tokenizer(tokenizer_dir))
 
@@ -139,7 +142,7 @@ def prepare_sft_rows(cfg: ml_collections.ConfigDict, out_dir: Path, markers_path
 
 
 def sft_examples(cfg: ml_collections.ConfigDict, rows_dir: Path,
-                 chat: tokenizer_lib.ChatFormat) -> tuple[list[Example], list[Example]]:
+                 chat: chat_format_lib.ChatFormat) -> tuple[list[Example], list[Example]]:
   """`(train, validation)` `(ids, loss_mask)` examples rendered in the policy's chat format.
 
   Rows longer than `sft.max_seq_len` are dropped; the rest are shuffled (seeded), the

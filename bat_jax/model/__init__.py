@@ -1,7 +1,7 @@
 """Decoder-only policy models (Qwen3, Qwen3.5) in Flax NNX with HF checkpoint IO.
 
-The tokenizer / chat format lives in `bat_jax.model.tokenizer` (imported
-directly from there; it pulls in transformers).
+The tokenizer (`tokenizer`), chat format (`chat_format`) and tool-call parser (`tool_parser`) are
+imported from their own modules (they pull in transformers).
 """
 
 from bat_jax.model.config import ModelConfig

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from bat_jax.model import chat_format as chat_format_lib
 from bat_jax.model import tokenizer as tokenizer_lib
 
 PREAMBLES: tuple[str, ...] = ("template", "compact")
@@ -38,7 +39,7 @@ def compact_preamble(tools: Sequence[Mapping[str, Any]], family: str) -> str:
   return "\n".join(lines + [f"Call a tool as {syntax}"])
 
 
-class CompactToolsChatFormat(tokenizer_lib.ChatFormat):
+class CompactToolsChatFormat(chat_format_lib.ChatFormat):
   """The family's `ChatFormat` with `compact_preamble` in place of the template's tool block."""
 
   def render_messages(self, messages: Sequence[Mapping[str, Any]],
@@ -56,10 +57,10 @@ class CompactToolsChatFormat(tokenizer_lib.ChatFormat):
 
 
 def chat_format_for(preamble: str, model_type: str, tokenizer: Any,
-                    **kwargs: Any) -> tokenizer_lib.ChatFormat:
+                    **kwargs: Any) -> chat_format_lib.ChatFormat:
   """The chat format of `model_type` with the template's tool block or the compact one."""
   if preamble not in PREAMBLES:
     raise ValueError(f"unknown tokenizer.tool_preamble {preamble!r}; expected one of "
                      f"{PREAMBLES}")
-  cls = CompactToolsChatFormat if preamble == "compact" else tokenizer_lib.ChatFormat
+  cls = CompactToolsChatFormat if preamble == "compact" else chat_format_lib.ChatFormat
   return cls.for_model(model_type, tokenizer, **kwargs)

@@ -168,7 +168,7 @@ class AgentLoop:
 
   Args:
     engine: any `Engine` (JAX in process, or SGLang).
-    chat_format: `bat_jax.model.tokenizer.ChatFormat` of the policy's family.
+    chat_format: `bat_jax.model.chat_format.ChatFormat` of the policy's family.
     make_env: builds the environment of continuation g of an item (see `task_environments`).
     sampling: temperature / top-p / top-k; `max_new_tokens` and stop ids are set per turn.
     limits: per-trajectory limits.

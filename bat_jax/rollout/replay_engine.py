@@ -21,7 +21,7 @@ Script = Callable[[int, int], Union[str, tuple[str, str]]]
 
 
 class _TextEncoder(Protocol):
-  """The part of `bat_jax.model.tokenizer.ChatFormat` the engine uses."""
+  """The part of `bat_jax.model.chat_format.ChatFormat` the engine uses."""
   im_end_id: int
 
   def encode(self, text: str) -> list[int]:

@@ -40,7 +40,7 @@ class ServedModel:
   model_path: str
   load: Callable[[str], Any]
   tokenizer: Any = None        # transformers tokenizer, or None (then no text / chat)
-  chat_format: Any = None      # bat_jax.model.tokenizer.ChatFormat, or None
+  chat_format: Any = None      # bat_jax.model.chat_format.ChatFormat, or None
   graphdef: Any = None
   served_name: Optional[str] = None
 

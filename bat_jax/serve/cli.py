@@ -42,7 +42,8 @@ def load_served_model(checkpoint: str, config: JaxEngineConfig, *, dtype: Option
   if skip_tokenizer:
     log.info("--skip-tokenizer-init: /generate needs input_ids and chat is off")
   elif (tok_dir / "tokenizer.json").is_file():
-    from bat_jax.model.tokenizer import ChatFormat, load_tokenizer
+    from bat_jax.model.chat_format import ChatFormat
+    from bat_jax.model.tokenizer import load_tokenizer
     tokenizer = load_tokenizer(tok_dir)
     chat_format = ChatFormat.for_model(model.config.model_type, tokenizer)
   else:

@@ -73,6 +73,8 @@ def rollout_throughput(model, *, items: int, group: int, max_turns: int,
   """Trajectories/min of the agent loop with the real sandbox: expert script and tiny policy."""
   from bat_jax import workflow
   from bat_jax.model import tokenizer as tk
+  from bat_jax.model import chat_format
+  from bat_jax.model import tokenizer_corpus
   from bat_jax.rollout import (AgentLoop, JaxEngine, JaxEngineConfig, RolloutItem,
                                RolloutLimits, SamplingParams, task_environments)
   from bat_jax.rollout.replay_engine import ScriptedEngine  # replays the expert (no model)
@@ -80,8 +82,9 @@ def rollout_throughput(model, *, items: int, group: int, max_turns: int,
 
   with tempfile.TemporaryDirectory() as tmp:
     tmp = Path(tmp)
-    chat = tk.ChatFormat.for_model(
-        "qwen3_5_text", tk.load_tokenizer(tk.train_tokenizer(tk.tiny_corpus(), 1024, tmp / "tok")))
+    chat = chat_format.ChatFormat.for_model(
+        "qwen3_5_text",
+        tk.load_tokenizer(tk.train_tokenizer(tokenizer_corpus.tiny_corpus(), 1024, tmp / "tok")))
     rows = []
     for i in range(items):
       track = workflow.TRACKS[i % len(workflow.TRACKS)]

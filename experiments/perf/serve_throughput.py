@@ -29,7 +29,8 @@ def build_checkpoint(out: Path, layers: int, hidden: int) -> Path:
   from flax import nnx
   from bat_jax.model import ModelConfig, build_model, save_pretrained
   from bat_jax.model import tokenizer as tk
-  tok_dir = tk.train_tokenizer(tk.tiny_corpus(), 1024, out / "tok")
+  from bat_jax.model import tokenizer_corpus
+  tok_dir = tk.train_tokenizer(tokenizer_corpus.tiny_corpus(), 1024, out / "tok")
   vocab = len(tk.load_tokenizer(tok_dir))
   heads = hidden // 32
   cfg = ModelConfig(model_type="qwen3_5_text", vocab_size=vocab, hidden_size=hidden,

@@ -4,6 +4,7 @@ import pytest
 
 from bat_jax import workflow
 from bat_jax.model import compact_chat
+from bat_jax.model import chat_format
 from bat_jax.model import tokenizer as tk
 
 ACTION = {"name": workflow.TOOL_NAME, "thought": "Plan from the task facts.",
@@ -15,7 +16,7 @@ MESSAGES = [{"role": "system", "content": workflow.SYSTEM_PROMPT},
 
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen3_5_text"])
 def test_compact_prompt_is_short_and_names_the_tool(tokenizer, model_type):
-  full = tk.ChatFormat.for_model(model_type, tokenizer)
+  full = chat_format.ChatFormat.for_model(model_type, tokenizer)
   compact = compact_chat.chat_format_for("compact", model_type, tokenizer)
   text = compact.render_messages(MESSAGES, add_generation_prompt=True)
   assert "<tools>" not in text and "IMPORTANT" not in text

@@ -68,8 +68,9 @@ def test_bad_expert_actions_are_named():
 
 def test_rows_render_with_a_chat_format(tmp_path):
   tokenizer_mod = pytest.importorskip("bat_jax.model.tokenizer")
-  tok_dir = tokenizer_mod.train_tokenizer(tokenizer_mod.tiny_corpus(60), 400, tmp_path / "tok")
-  fmt = tokenizer_mod.ChatFormat.for_model("qwen3_5", tokenizer_mod.load_tokenizer(tok_dir))
+  from bat_jax.model import chat_format, tokenizer_corpus
+  tok_dir = tokenizer_mod.train_tokenizer(tokenizer_corpus.tiny_corpus(60), 400, tmp_path / "tok")
+  fmt = chat_format.ChatFormat.for_model("qwen3_5", tokenizer_mod.load_tokenizer(tok_dir))
   row = _rows()[2]
   ids, mask = fmt.encode_sft_example(row["messages"], sft_rows.target_action(row))
   assert len(ids) == len(mask) and 0 < sum(mask) < len(mask)
