@@ -9,7 +9,7 @@ import pytest
 
 from bat_jax import rubric, workflow
 from bat_jax.sandbox import Sandbox, SandboxLimits, fingerprint, materialize
-from bat_jax.tasks import FAMILIES, expert_episode, materialize_at, run_expert
+from bat_jax.train_tasks import FAMILIES, expert_episode, materialize_at, run_expert
 
 A = workflow.ARTIFACTS
 LIMITS = SandboxLimits(wall_s=60.0)

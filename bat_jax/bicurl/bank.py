@@ -1,7 +1,7 @@
 """The outer loop's handle on the Stage Bank process: spawn or connect, request, wait.
 
 The bank is a separate process (`python -m bat_jax.stagebank serve`) that talks to the trainer
-through files only (`bat_jax.stagebank.serve`). It holds the evaluator's *hashed* marker export,
+through files only (`bat_jax.stagebank.daemon`). It holds the evaluator's *hashed* marker export,
 never the held-out cells.
 """
 
@@ -20,7 +20,7 @@ import ml_collections
 from bat_jax.evaluator.evaluate import EvalSettings
 from bat_jax.evaluator.markers_export import export_cells, write_export
 from bat_jax.rollout.sglang_launcher import die_with_parent  # PR_SET_PDEATHSIG helper
-from bat_jax.stagebank import serve as bank_serve
+from bat_jax.stagebank import daemon as bank_daemon
 from bat_jax.stagebank import task_source
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class StageBank:
     """Spawns `python -m bat_jax.stagebank serve` (one batch = `grpo.prompt_groups` rows), or
     connects to the server of `stagebank.dir`."""
     if cfg.stagebank.mode == "connect":
-      if not bank_serve.server_alive(bank_dir):
+      if not bank_daemon.server_alive(bank_dir):
         log.warning("no live Stage Bank server recorded in %s; requests wait for one", bank_dir)
       return cls(bank_dir, None, cfg.stagebank.request_timeout_s)
     bank_dir.mkdir(parents=True, exist_ok=True)
@@ -76,7 +76,7 @@ class StageBank:
 
   def request(self, round_index: int, weights: Any) -> None:
     """Asks for a round as soon as its weights are known (synthesis overlaps training)."""
-    bank_serve.request_round(self.bank_dir, round_index, weights)
+    bank_daemon.request_round(self.bank_dir, round_index, weights)
 
   def wait(self, round_index: int) -> Path:
     """The published round directory; fails fast if the spawned server died."""
@@ -84,14 +84,14 @@ class StageBank:
     while True:
       if self.process is not None and self.process.poll() is not None:
         try:  # it may have published just before exiting
-          return bank_serve.wait_for_round(self.bank_dir, round_index, 0.0)
+          return bank_daemon.wait_for_round(self.bank_dir, round_index, 0.0)
         except TimeoutError:
           tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path else ""
           raise RuntimeError(f"the Stage Bank process exited with code {self.process.returncode}"
                              f" before publishing round {round_index}; its log ends:\n{tail}"
                              ) from None
       try:
-        return bank_serve.wait_for_round(self.bank_dir, round_index,
+        return bank_daemon.wait_for_round(self.bank_dir, round_index,
                                          min(1.0, max(0.0, deadline - time.monotonic())))
       except TimeoutError:
         if time.monotonic() >= deadline:

@@ -26,15 +26,15 @@ from flax import nnx
 
 from bat_jax.checkpointing import export_hf
 from bat_jax.evaluator import runner
+from bat_jax.evaluator.aggregation import require_complete
 from bat_jax.evaluator.evaluate import EvalSettings, evaluate
 from bat_jax.evaluator.external import ExternalEvaluator
-from bat_jax.evaluator.report import require_complete
 from bat_jax.rollout import (AgentTurn, Completion, Engine, GenerateRequest, JaxEngine,
                              JaxEngineConfig, PolicyAgent, PromptTooLongError, RetryPolicy,
                              SamplingParams, SGLangEngine, SGLangLaunchConfig, ServerProcess,
                              free_port)
-from bat_jax.rollout.worker import EngineWorker
 from bat_jax.io_utils import atomic_write_json
+from bat_jax.rollout.worker import EngineWorker
 
 log = logging.getLogger(__name__)
 

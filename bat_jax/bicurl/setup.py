@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from bat_jax import tasks, workflow
-from bat_jax.model import ModelConfig, build_model, load_pretrained
-from bat_jax.model import compact_chat
+from bat_jax import train_tasks, workflow
 from bat_jax.model import chat_format as chat_format_lib
+from bat_jax.model import compact_chat
+from bat_jax.model import ModelConfig, build_model, load_pretrained
 from bat_jax.model import tokenizer as tokenizer_lib
 from bat_jax.model import tokenizer_corpus as corpus_lib
 from bat_jax.sandbox import SandboxLimits
@@ -53,11 +53,11 @@ def tokenizer_corpus(num_tasks: int, seed: int, action_space: str = "code") -> l
   cells = [(t, o) for o in workflow.OUTCOMES for t in workflow.TRACKS]
   for i in range(num_tasks):
     track, outcome = cells[i % len(cells)]
-    instance = tasks.generate(track, rounds.derive_seed("tokenizer", seed, i) & 0x7FFFFFFF,
-                              outcome, action_space)
-    docs += [tasks.brief_for(instance, focus) for focus in workflow.FOCI]
+    instance = train_tasks.generate(track, rounds.derive_seed("tokenizer", seed, i) & 0x7FFFFFFF,
+                                    outcome, action_space)
+    docs += [train_tasks.brief_for(instance, focus) for focus in workflow.FOCI]
     for stage in workflow.STAGES:
-      for action in tasks.expert_actions(instance, stage):
+      for action in train_tasks.expert_actions(instance, stage):
         docs += [action.get("thought", ""), action["arguments"]["code"]]
   return docs
 

@@ -17,10 +17,10 @@ from typing import Any, Optional, Sequence
 from bat_jax import workflow
 from bat_jax.evaluator import markers_export
 from bat_jax.evaluator.agents import BUILTIN_AGENTS
+from bat_jax.evaluator.aggregation import coverage_line
 from bat_jax.evaluator.evaluate import EvalSettings, evaluate, stage_table
 from bat_jax.evaluator.firewall import export_report
 from bat_jax.evaluator.generators import TIERS
-from bat_jax.evaluator.report import coverage_line
 from bat_jax.evaluator.runner import RunOptions
 
 REPORT_NAME = "report.json"

@@ -9,8 +9,8 @@ from typing import Any, Optional, Sequence
 from ml_collections import ConfigDict
 
 from bat_jax import workflow
+from bat_jax.evaluator import aggregation
 from bat_jax.evaluator import cells as cells_lib
-from bat_jax.evaluator import report as report_lib
 from bat_jax.evaluator import runner
 from bat_jax.evaluator.agents import AgentFactory, builtin_factory
 from bat_jax.sandbox import SandboxLimits
@@ -61,7 +61,7 @@ def evaluate(agent: str | AgentFactory, records_dir: Path, *,
   records = runner.run_cells(cells, factory, records_dir, limits=settings.limits,
                              sandbox_limits=settings.sandbox_limits, options=options,
                              progress=progress)
-  return report_lib.aggregate(
+  return aggregation.aggregate(
       records, tier=settings.tier, cell_set_digest=cells_lib.cell_set_digest(cells),
       protocol_digest=cells_lib.protocol_digest(cells, settings.limits, settings.sandbox_limits))
 

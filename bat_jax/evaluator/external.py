@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from ml_collections import ConfigDict
 
-from bat_jax.evaluator import report as report_lib
+from bat_jax.evaluator import aggregation
 from bat_jax.evaluator.firewall import FirewallError
 from bat_jax.io_utils import atomic_write_json
 
@@ -110,7 +110,7 @@ def read_output(path: Path) -> dict[str, Any]:
     raise ExternalEvaluatorError(f"external evaluator output {str(path)!r} is not JSON: {e}") \
         from None
   try:
-    report_lib.require_complete(report, source=f"external evaluator output {str(path)!r}")
+    aggregation.require_complete(report, source=f"external evaluator output {str(path)!r}")
   except FirewallError as e:
     raise ExternalEvaluatorError(f"external evaluator output {str(path)!r} rejected: {e}") \
         from None

@@ -3,7 +3,7 @@
 They follow the public contract (`workflow.py`) and plug into the shared machinery
 (`bat_jax.taskkit`) -- the `TrackFamily` protocol builds the model folder, plants the fault and
 writes the spec, and `bat_jax.rubric` scores the result -- but everything that identifies a task
-is the evaluator's own and never appears in the training side's `bat_jax.tasks`:
+is the evaluator's own and never appears in the training side's `bat_jax.train_tasks`:
 
 * vocabulary (`HELDOUT_NAMES`): case ids, data / index / model / weights names, missing-module
   names, class labels;

@@ -6,7 +6,7 @@ full expected report texts), VQA questions and the evaluator's own brief / objec
 Public strings are left out: they identify nothing held out and would only cause false
 rejections. The rule: a marker is public when its normalised token sequence occurs inside a string
 literal of the public contract (`bat_jax/workflow.py`) or of the code the training side generates
-its own tasks from (`bat_jax/taskkit/`, `bat_jax/tasks/`), e.g. the model-card key
+its own tasks from (`bat_jax/taskkit/`, `bat_jax/train_tasks/`), e.g. the model-card key
 `intensity_scale` that a held-out fault names; so are the `workflow.ARTIFACTS` and `workflow.STAGE_TOOL_FILES`
 paths and their parts, the model folder's generic `card.json` / `runner.py` / `convert.py` and bare numbers.
 Report-text n-grams that occur in those literals are left out of the n-gram groups likewise.
@@ -30,12 +30,12 @@ from typing import Any, Iterable, Optional, Sequence
 from bat_jax import markers, workflow
 from bat_jax.evaluator import generators
 from bat_jax.evaluator.cells import Cell
-from bat_jax.taskkit import TaskInstance
 from bat_jax.io_utils import atomic_write_json
+from bat_jax.taskkit import TaskInstance
 
 MODEL_FOLDER_FILES = ("card.json", "runner.py", "convert.py")
 # Training-side sources whose string literals are public vocabulary (relative to bat_jax/).
-PUBLIC_SOURCES = ("workflow.py", "taskkit", "tasks")
+PUBLIC_SOURCES = ("workflow.py", "taskkit", "train_tasks")
 _PACKAGE_ROOT = Path(workflow.__file__).resolve().parent
 
 

@@ -17,6 +17,8 @@ from typing import Callable, Mapping
 import jax
 import jax.numpy as jnp
 
+from bat_jax import registry
+
 AdvantageFn = Callable[..., jax.Array]
 
 
@@ -74,12 +76,6 @@ ADVANTAGE_ESTIMATORS: Mapping[str, AdvantageFn] = {
 }
 
 
-def check_mode(kind: str, mode: str, registry: Mapping[str, object]) -> None:
-  """Raises a ValueError naming `kind` and listing the valid modes when `mode` is unknown."""
-  if mode not in registry:
-    raise ValueError(f"unknown {kind} {mode!r}; valid: {sorted(registry)}")
-
-
 def valid_group_members(group_ids, valid) -> jax.Array:
   """`[B]` number of valid rows in each row's group (a group below 2 carries no signal)."""
   group_ids, valid = jnp.asarray(group_ids), jnp.asarray(valid, bool)
@@ -104,7 +100,7 @@ def group_advantages(rewards, group_ids, *, valid=None, mode: str = "grpo",
   Returns:
     `[B]` float32 advantages; a group with fewer than 2 valid members gets 0.
   """
-  check_mode("advantage mode", mode, ADVANTAGE_ESTIMATORS)
+  registry.check_registered("advantage mode", mode, ADVANTAGE_ESTIMATORS)
   rewards = jnp.asarray(rewards, jnp.float32)
   group_ids = jnp.asarray(group_ids)
   if rewards.ndim != 1 or group_ids.shape != rewards.shape:

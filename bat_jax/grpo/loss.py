@@ -19,7 +19,7 @@ from typing import Callable, Mapping, Optional
 import jax
 import jax.numpy as jnp
 
-from bat_jax.grpo.advantages import check_mode
+from bat_jax import registry
 
 Array = jax.Array
 
@@ -99,8 +99,8 @@ def validate_loss_config(*, kl_estimator: str, loss_agg: str, clip_low: float, c
                          dual_clip: Optional[float], kl_coef: float, tis_cap: Optional[float],
                          norm_length: Optional[float] = None) -> None:
   """Checks static loss options; each error names the field at fault."""
-  check_mode("kl_estimator", kl_estimator, KL_ESTIMATORS)
-  check_mode("loss_agg", loss_agg, LOSS_AGGREGATIONS)
+  registry.check_registered("kl_estimator", kl_estimator, KL_ESTIMATORS)
+  registry.check_registered("loss_agg", loss_agg, LOSS_AGGREGATIONS)
   if not 0.0 <= clip_low < 1.0:
     raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
   if clip_high < 0.0:

@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from bat_jax.grpo.advantages import ADVANTAGE_ESTIMATORS, check_mode
+from bat_jax import registry
+from bat_jax.grpo.advantages import ADVANTAGE_ESTIMATORS
 from bat_jax.grpo.logprobs import taken_token_logprobs
 from bat_jax.grpo.loss import policy_loss_terms, validate_loss_config
 from bat_jax.train.step import Batch, LossFn, RematPolicy
@@ -46,7 +47,7 @@ class GrpoConfig:
   compute_entropy: bool = False
 
   def __post_init__(self):
-    check_mode("advantage_mode", self.advantage_mode, ADVANTAGE_ESTIMATORS)
+    registry.check_registered("advantage_mode", self.advantage_mode, ADVANTAGE_ESTIMATORS)
     validate_loss_config(kl_estimator=self.kl_estimator, loss_agg=self.loss_agg,
                          clip_low=self.clip_low, clip_high=self.clip_high,
                          dual_clip=self.dual_clip, kl_coef=self.kl_coef, tis_cap=self.tis_cap,

@@ -1,6 +1,6 @@
 """Rollouts: token-in/token-out agent loop, in-process JAX engine, SGLang client and launcher.
 
-The SGLang-protocol HTTP server over the JAX engine is `bat_jax.serve`.
+The SGLang-protocol HTTP server over the JAX engine is `bat_jax.rollout.server`.
 """
 
 from bat_jax.rollout.agent_loop import (AgentLoop, AgentTurn, Environment, PolicyAgent,

@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
-from bat_jax import rubric, tasks, workflow
+from bat_jax import rubric, train_tasks, workflow
 from bat_jax.rollout.engine import (Completion, Engine, GenerateRequest, PromptTooLongError,
                                     SamplingParams)
 from bat_jax.rollout.trajectory import Trajectory
@@ -65,7 +65,7 @@ class RolloutItem:
     focus: `E2E` or the stage the row asks for (its rubric is the reward).
     pool: Stage Bank pool.
     messages: the model-neutral prompt (system + user).
-    instance: the task instance (`bat_jax.tasks.TaskInstance`) the workspace is built from.
+    instance: the task instance (`bat_jax.train_tasks.TaskInstance`) the workspace is built from.
   """
   state_id: str
   focus: str
@@ -80,8 +80,8 @@ class RolloutItem:
       extra = row["extra_info"]
       recipe = extra["workspace_recipe"]
       if instance is None:
-        instance = tasks.generate(recipe["track"], int(recipe["seed"]), recipe["outcome"],
-                                  recipe.get("action_space", "code"))
+        instance = train_tasks.generate(recipe["track"], int(recipe["seed"]), recipe["outcome"],
+                                        recipe.get("action_space", "code"))
       return cls(state_id=str(extra["state_id"]), focus=str(extra["focus_stage"]),
                  pool=str(extra["source_pool"]), messages=tuple(row["prompt"]),
                  instance=instance)
@@ -117,8 +117,8 @@ class TaskEnvironment:
                cache_dir: Optional[Path] = None):
     self.item = item
     boundary = workflow.STAGES[0] if item.focus == workflow.E2E else item.focus
-    self.sandbox = tasks.materialize_at(item.instance, boundary, Path(root),
-                                  sandbox_limits or SandboxLimits(), cache_dir=cache_dir)
+    self.sandbox = train_tasks.materialize_at(item.instance, boundary, Path(root),
+                                        sandbox_limits or SandboxLimits(), cache_dir=cache_dir)
 
   def execute(self, language: str, code: str) -> str:
     return self.sandbox.execute(language, code).observation

@@ -191,8 +191,8 @@ class JaxEngine:
     if len(input_ids) == 0:
       raise ValueError(f"{field} is empty")
     if len(input_ids) >= self.config.max_len:
-      # SGLang 0.5.23's wording (TokenizerManager._validate_one_request), so `bat_jax.serve`'s
-      # HTTP 400 reads like SGLang's and the client maps both to PromptTooLongError.
+      # SGLang 0.5.23's wording (TokenizerManager._validate_one_request), so the HTTP server's
+      # (`bat_jax.rollout.server`) HTTP 400 reads like SGLang's and the client maps both to PromptTooLongError.
       raise PromptTooLongError(
           f"The input ({len(input_ids)} tokens) is longer than the model's context length "
           f"({self.config.max_len} tokens): {field} has {len(input_ids)} tokens and a "

@@ -1,4 +1,4 @@
-"""OpenAI chat-completions <-> model-neutral messages, for `bat_jax.serve`.
+"""OpenAI chat-completions <-> model-neutral messages, for `bat_jax.rollout.server`.
 
 OpenAI clients send assistant tool calls with `function.arguments` as a JSON *string*; the
 chat templates want a mapping. Answers carry the parsed tool calls the same way OpenAI does

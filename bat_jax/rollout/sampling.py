@@ -1,7 +1,7 @@
 """Per-row token sampling (temperature, top-k, top-p) and the logprob every engine reports.
 
-Logprob contract (the same in the JAX engine, `bat_jax.serve` and SGLang 0.5.23): the reported
-logprob of a sampled token is log softmax(logits / T) over the FULL vocabulary, where T is the
+Logprob contract (the same in the JAX engine, `bat_jax.rollout.server` and SGLang 0.5.23): the
+reported logprob of a sampled token is log softmax(logits / T) over the FULL vocabulary, where T is the
 request's temperature, or 1 for greedy (T = 0). That is the distribution the sampler drew from
 before top-k / top-p truncation; SGLang's `Sampler.forward` returns exactly this
 (`log(softmax(logits / T))`, the truncated renormalisation is a local copy). The trainer

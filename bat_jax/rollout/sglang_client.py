@@ -1,4 +1,4 @@
-"""Async HTTP client for an SGLang 0.5.23 server (or `bat_jax.serve`, which speaks the same subset).
+"""Async HTTP client for an SGLang 0.5.23 server (or our `bat_jax.rollout.server`, same subset).
 
 Protocol (DESIGN.md section 4): `POST /generate` with `input_ids`, `sampling_params`,
 `return_logprob: true` and `rid`; token ids AND logprobs are read from
@@ -67,7 +67,7 @@ class ContextLengthExceededError(PromptTooLongError):
 
 
 # SGLang 0.5.23's over-context messages (tokenizer_manager.py, managers/utils.py, scheduler.py);
-# `bat_jax.serve` answers with the first one, as the JAX engine words it.
+# `bat_jax.rollout.server` answers with the first one, as the JAX engine words it.
 _CONTEXT_400 = re.compile(
     r"is longer than the model's context length|exceeds the model's maximum context length|"
     r"exceeds the maximum allowed length|Request prompt exceeds the KV memory budget")

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 from bat_jax.stagebank import build
+from bat_jax.stagebank import daemon
 from bat_jax.stagebank import leakcheck
 from bat_jax.stagebank import rounds
-from bat_jax.stagebank import serve
 from bat_jax.stagebank import sft_rows
 from bat_jax.stagebank import task_source
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
   args = _parse_args(sys.argv[1:] if argv is None else argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s stagebank %(message)s")
   if args.command == "serve":
-    serve.serve(args.bank, task_source.load_source_factory(args.source), seed=args.seed,
+    daemon.serve(args.bank, task_source.load_source_factory(args.source), seed=args.seed,
                 n_batches=args.n_batches, rows_per_batch=args.rows_per_batch,
                 markers_path=args.markers, poll_s=args.poll_s, max_rounds=args.max_rounds,
                 workers=args.workers, allow_no_markers=args.allow_no_markers)

@@ -48,7 +48,7 @@ def _init_worker(source: rl_rows.TaskSource, checker: leakcheck.LeakChecker | No
 
 def _describe_and_scan(source: rl_rows.TaskSource, checker: leakcheck.LeakChecker | None,
                        key: tuple[str, str, int, str]) -> _Described:
-  """source.describe(*key); with a checker and a `bat_jax.tasks` source, also the markers in
+  """source.describe(*key); with a checker and a `bat_jax.train_tasks` source, also the markers in
   the task's initial workspace (the files its digest covers), scanned once per task."""
   if checker is None or not isinstance(source, task_source.TasksPackageSource):
     return source.describe(*key), []

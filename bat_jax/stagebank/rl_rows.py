@@ -28,7 +28,7 @@ class TaskDescription:
   """What the bank needs to know of one generated training task.
 
   Attributes:
-    generator: the generator's id (e.g. `bat_jax.tasks/segmentation`).
+    generator: the generator's id (e.g. `bat_jax.train_tasks/segmentation`).
     task_id: the training task's id.
     brief: the row's user message: the task brief scoped to the row's focus.
     workspace_sha256: digest of the task's initial workspace files.

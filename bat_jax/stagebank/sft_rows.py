@@ -1,9 +1,9 @@
 """Cold-start SFT rows: prior context plus exactly one target assistant action, model-neutral.
 
-For a task and a focus (a stage, or E2E), the expert solver of `bat_jax.tasks` gives the focus's
-actions. They are executed in a sandbox materialised at the focus's stage boundary
-(`tasks.materialize_at`, which runs the earlier stages for real), so every prior turn is followed
-by its real observation. Action k of the focus becomes one row:
+For a task and a focus (a stage, or E2E), the expert solver of `bat_jax.train_tasks` gives the
+focus's actions. They are executed in a sandbox materialised at the focus's stage boundary
+(`train_tasks.materialize_at`, which runs the earlier stages for real), so every prior turn is
+followed by its real observation. Action k of the focus becomes one row:
 
     messages: system, user, then for j < k: {"role": "assistant", "action": a_j},
               {"role": "tool", "name": "execute_code", "content": observation_j}
@@ -68,7 +68,7 @@ def rows_for_task(user: str, state: grid.GridState, actions: Sequence[Mapping[st
   """One SFT row per action: context = everything before it, target = the action.
 
   Args:
-    user: the row's user message (`tasks.brief_for(instance, focus)`).
+    user: the row's user message (`train_tasks.brief_for(instance, focus)`).
     state: the grid state (focus, track, outcome).
     actions: the focus's model-neutral expert actions, in order.
     observations: each action's observation, from executing it.
@@ -138,7 +138,7 @@ def synthesize(spec: SftSpec, *, sandbox_limits: Any = None) -> Iterator[dict[st
   run each earlier stage once. The `first_action_tasks` after them give one row per focus
   (its first action; `actions_in_focus` 1) and run nothing.
   """
-  from bat_jax import tasks  # deferred: the bank's CLI must start without the task families
+  from bat_jax import train_tasks  # deferred: the bank's CLI must start without the task families
   from bat_jax.sandbox import SandboxLimits
   limits = sandbox_limits if sandbox_limits is not None else SandboxLimits()
   cells: dict[tuple[str, str], list[grid.GridState]] = {}
@@ -148,18 +148,18 @@ def synthesize(spec: SftSpec, *, sandbox_limits: Any = None) -> Iterator[dict[st
     states = sorted(states, key=lambda s: workflow.FOCI.index(s.focus))
     for i in range(spec.tasks_per_state + spec.first_action_tasks):
       task_seed = rounds.derive_seed(SFT_POOL, spec.seed, track, outcome, i) & 0x7FFFFFFF
-      instance = tasks.generate(track, task_seed, outcome, spec.action_space)
-      row = functools.partial(_task_rows, tasks, instance, task_seed=task_seed, index=i,
+      instance = train_tasks.generate(track, task_seed, outcome, spec.action_space)
+      row = functools.partial(_task_rows, train_tasks, instance, task_seed=task_seed, index=i,
                               seed=spec.seed)
       if i >= spec.tasks_per_state:  # first actions only: their context has no observation
         for state in states:
-          yield from row(state, focus_actions(tasks, instance, state.focus)[:1], [""])
+          yield from row(state, focus_actions(train_tasks, instance, state.focus)[:1], [""])
         continue
       with tempfile.TemporaryDirectory(prefix="bat-sft-") as tmp:
         for state in states:
-          sandbox = tasks.materialize_at(instance, state.focus, Path(tmp) / state.focus, limits,
-                                         cache_dir=Path(tmp) / "cache")
-          actions = focus_actions(tasks, instance, state.focus)
+          sandbox = train_tasks.materialize_at(instance, state.focus, Path(tmp) / state.focus,
+                                               limits, cache_dir=Path(tmp) / "cache")
+          actions = focus_actions(train_tasks, instance, state.focus)
           observations = [sandbox.execute(a["arguments"]["language"],
                                           a["arguments"]["code"]).observation for a in actions]
           yield from row(state, actions, observations)
@@ -171,7 +171,7 @@ def _task_rows(tasks_module: Any, instance: Any, state: grid.GridState,
   sid = rounds.state_id(-1, rounds.DATA_SOURCE, SFT_POOL, state.key, index, seed)
   return rows_for_task(tasks_module.brief_for(instance, state.focus), state, actions,
                        observations, state_id=sid, task_seed=task_seed,
-                       generator=f"bat_jax.tasks/{instance.track}")
+                       generator=f"bat_jax.train_tasks/{instance.track}")
 
 
 def build_sft_set(out_dir: Path, spec: SftSpec, checker: leakcheck.LeakChecker, *,

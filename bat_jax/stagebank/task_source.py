@@ -1,4 +1,5 @@
-"""The bank's task source: the training task families of `bat_jax.tasks` (never the evaluator)."""
+"""The bank's task source: the training task families of `bat_jax.train_tasks` (never the
+evaluator's)."""
 
 from __future__ import annotations
 
@@ -23,14 +24,15 @@ def files_digest(files: Mapping[str, bytes | str]) -> str:
 
 
 class TasksPackageSource:
-  """Describes rows with `bat_jax.tasks`: `generate(track, seed, outcome, action_space)` and the
-  focus-scoped user message `brief_for(instance, focus)`."""
-  name = "bat_jax.tasks"
+  """Describes rows with `bat_jax.train_tasks`: `generate(track, seed, outcome, action_space)` and
+  the focus-scoped user message `brief_for(instance, focus)`."""
+  name = "bat_jax.train_tasks"
 
   def __init__(self, action_space: str = "code"):
-    from bat_jax import tasks  # deferred: the bank's CLI imports this module before it is needed
+    # deferred: the bank's CLI imports this module before it is needed
+    from bat_jax import train_tasks
     from bat_jax import workflow
-    self._tasks = tasks
+    self._tasks = train_tasks
     self.action_space = workflow.check_action_space(action_space)
 
   def describe(self, track: str, outcome: str, seed: int, focus: str) -> TaskDescription:
@@ -40,7 +42,7 @@ class TasksPackageSource:
                           focus: str) -> tuple[TaskDescription, Mapping[str, bytes | str]]:
     """`describe`, and the initial workspace files its `workspace_sha256` is the digest of."""
     if track not in self._tasks.FAMILIES:
-      raise ValueError(f"bat_jax.tasks has no family for track {track!r}")
+      raise ValueError(f"bat_jax.train_tasks has no family for track {track!r}")
     instance = self._tasks.generate(track, seed, outcome, self.action_space)
     return TaskDescription(generator=f"{self.name}/{track}", task_id=instance.task_id,
                            brief=self._tasks.brief_for(instance, focus),
@@ -73,18 +75,18 @@ def instance_for(row: Mapping[str, Any]) -> Any:
   """Regenerates the training task an RL row's workspace recipe names, checking its digest.
 
   Raises:
-    ValueError: naming the row's state_id when the recipe is not a `bat_jax.tasks` one or the
+    ValueError: naming the row's state_id when the recipe is not a `bat_jax.train_tasks` one or the
       regenerated workspace differs from the row's `source_digest` (the generator changed since
       the round was built: its rewards would not match its prompt).
   """
-  from bat_jax import tasks
+  from bat_jax import train_tasks
   info = row["extra_info"]
   recipe = info["workspace_recipe"]
   if recipe["generator"] != f"{TasksPackageSource.name}/{recipe['track']}":
     raise ValueError(f"row {info['state_id']}: workspace_recipe generator "
-                     f"{recipe['generator']!r} is not a bat_jax.tasks family")
-  instance = tasks.generate(recipe["track"], recipe["seed"], recipe["outcome"],
-                            recipe.get("action_space", "code"))
+                     f"{recipe['generator']!r} is not a bat_jax.train_tasks family")
+  instance = train_tasks.generate(recipe["track"], recipe["seed"], recipe["outcome"],
+                                  recipe.get("action_space", "code"))
   digest = files_digest(instance.files)
   if digest != info["provenance"]["source_digest"]:
     raise ValueError(f"row {info['state_id']}: regenerated workspace digest {digest} differs "
@@ -95,10 +97,10 @@ def instance_for(row: Mapping[str, Any]) -> Any:
 def materialize_row(row: Mapping[str, Any], root: Path, sandbox_limits: Any = None, *,
                     cache_dir: Path | None = None) -> tuple[Any, Any]:
   """(instance, Sandbox) for a rollout from an RL row: the workspace at the row's boundary."""
-  from bat_jax import tasks
+  from bat_jax import train_tasks
   from bat_jax.sandbox import SandboxLimits
   instance = instance_for(row)
   limits = sandbox_limits if sandbox_limits is not None else SandboxLimits()
-  sandbox = tasks.materialize_at(instance, row["extra_info"]["workspace_recipe"]["boundary_stage"],
-                                 Path(root), limits, cache_dir=cache_dir)
+  boundary = row["extra_info"]["workspace_recipe"]["boundary_stage"]
+  sandbox = train_tasks.materialize_at(instance, boundary, Path(root), limits, cache_dir=cache_dir)
   return instance, sandbox

@@ -1,4 +1,4 @@
-"""Task-family machinery shared by training (`bat_jax.tasks`) and the held-out evaluator.
+"""Task-family machinery shared by training (`bat_jax.train_tasks`) and the held-out evaluator.
 
 Public, content-free machinery that applies the workflow contract: the family protocol and the
 generic workspace builder (`base`), the per-track sampling logic parameterised by a name pool

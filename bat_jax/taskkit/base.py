@@ -4,8 +4,8 @@ A family is data + a stdlib "model" + a task metric + a native submission schema
 samples cases (`TrackFamily.sample`); everything else -- names, the model folder (card, weights,
 runner, converter), planted faults, the spec, the brief and the hidden answers -- is generic.
 A family instance is bound to a `NamePool` (vocabulary and seed stream: ids, file names,
-values) and a `BriefWriter` (the wording of its E2E brief): the training side (`bat_jax.tasks`)
-and the held-out evaluator each bind their own, so neither side's content lives here.
+values) and a `BriefWriter` (the wording of its E2E brief): the training side
+(`bat_jax.train_tasks`) and the held-out evaluator each bind their own, so neither side's content lives here.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 model, planted fault, spec and hidden answers, plus the stage CLIs under tools/ (stdlib code
 assembled from `scripts/stage_tools.py`, `scripts/checks.py`, `scripts/submission.py` and the
 pipeline sources the code expert writes in S2) and their usage in the spec. Both sides (training
-`bat_jax.tasks`, held-out `bat_jax.evaluator.generators`) call it on their own instances, so the
-tools are public machinery and the rubric is unchanged: the tools write the contract's
+`bat_jax.train_tasks`, held-out `bat_jax.evaluator.generators`) call it on their own instances, so
+the tools are public machinery and the rubric is unchanged: the tools write the contract's
 artifacts and receipts by executed calls.
 
 `tool_actions(instance, stage)` is the expert in this space: one short call per step, its

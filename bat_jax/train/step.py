@@ -27,8 +27,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from bat_jax import sharding
-from bat_jax.grpo.advantages import check_mode
+from bat_jax import registry, sharding
 from bat_jax.grpo.loss import finalize_stats, merge_stats, safe_divide
 
 Array = jax.Array
@@ -75,7 +74,7 @@ SCHEDULES: Mapping[str, Callable[[OptimizerConfig], optax.Schedule]] = {
 
 def make_schedule(cfg: OptimizerConfig) -> optax.Schedule:
   """Linear warmup from 0 over `warmup_steps`, then the named schedule."""
-  check_mode("schedule", cfg.schedule, SCHEDULES)
+  registry.check_registered("schedule", cfg.schedule, SCHEDULES)
   if cfg.warmup_steps < 0 or cfg.total_steps < 1:
     raise ValueError(f"warmup_steps ({cfg.warmup_steps}) must be >= 0 and total_steps "
                      f"({cfg.total_steps}) >= 1")
@@ -162,7 +161,7 @@ class StepConfig:
   weight_dtype: Optional[str] = None
 
   def __post_init__(self):
-    check_mode("remat_policy", self.remat_policy, REMAT_POLICIES)
+    registry.check_registered("remat_policy", self.remat_policy, REMAT_POLICIES)
     if self.weight_dtype is not None:
       jnp.dtype(self.weight_dtype)  # raises TypeError naming an unknown dtype
     if self.num_micro_batches < 1:

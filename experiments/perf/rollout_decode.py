@@ -78,7 +78,7 @@ def rollout_throughput(model, *, items: int, group: int, max_turns: int,
   from bat_jax.rollout import (AgentLoop, JaxEngine, JaxEngineConfig, RolloutItem,
                                RolloutLimits, SamplingParams, task_environments)
   from bat_jax.rollout.replay_engine import ScriptedEngine  # replays the expert (no model)
-  from bat_jax.tasks import FAMILIES, expert_actions
+  from bat_jax.train_tasks import FAMILIES, expert_actions
 
   with tempfile.TemporaryDirectory() as tmp:
     tmp = Path(tmp)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from bat_jax import workflow
 from bat_jax.sandbox import SandboxLimits
-from bat_jax.tasks import FAMILIES, expert_episode
-from bat_jax.tasks.sweep import expert_sweep
+from bat_jax.train_tasks import FAMILIES, expert_episode
+from bat_jax.train_tasks.sweep import expert_sweep
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script from anywhere
 from sandbox_overhead import measure_overhead  # noqa: E402
 

@@ -11,12 +11,12 @@ import re
 import pytest
 
 from bat_jax import workflow
+from bat_jax.evaluator import aggregation
 from bat_jax.evaluator import generators
-from bat_jax.evaluator import report as report_lib
 from bat_jax.evaluator.cells import Cell, make_cells
 from bat_jax.evaluator.runner import _Job
 from bat_jax.sandbox import Sandbox, SandboxLimits, materialize
-from bat_jax.tasks import FAMILIES
+from bat_jax.train_tasks import FAMILIES
 
 DIGESTS = {"protocol_digest": "c" * 64, "cell_set_digest": "d" * 64}
 _PROBE = ("cat /proc/self/mountinfo /proc/mounts /proc/1/mountinfo; pwd; readlink -f .; "
@@ -80,8 +80,8 @@ def test_invalidating_its_own_failure_cells_does_not_lift_the_aggregate(reason):
            for o in workflow.OUTCOMES]
   honest = [_record(c, 0.0 if c.outcome == "failure" else 1.0) for c in cells]
   gamed = [_record(c, 1.0, valid=c.outcome != "failure", reason=reason) for c in cells]
-  base = report_lib.aggregate(honest, tier="lite", **DIGESTS)
-  hit = report_lib.aggregate(gamed, tier="lite", **DIGESTS)
+  base = aggregation.aggregate(honest, tier="lite", **DIGESTS)
+  hit = aggregation.aggregate(gamed, tier="lite", **DIGESTS)
   assert base["overall"] == pytest.approx(2 / 3)
   assert hit["overall"] <= base["overall"] + 1e-9
   for track, scores in hit["track_scores"].items():
@@ -90,13 +90,13 @@ def test_invalidating_its_own_failure_cells_does_not_lift_the_aggregate(reason):
   for stage in workflow.STAGES:
     assert hit["stage_scores"][stage] <= base["stage_scores"][stage] + 1e-9
   assert hit["validity"] == {"valid": False, "valid_cells": 4, "invalid_cells": 2}
-  assert report_lib.coverage_line(hit).startswith("valid coverage: 4/6 cells; 2 invalid")
+  assert aggregation.coverage_line(hit).startswith("valid coverage: 4/6 cells; 2 invalid")
   with pytest.raises(ValueError, match="2 invalid cell"):
-    report_lib.require_complete(hit)  # and a gate still refuses it
+    aggregation.require_complete(hit)  # and a gate still refuses it
 
 
 def test_all_invalid_gives_null_scores_not_zero():
   cells = [Cell("vqa", o, 1, "lite") for o in workflow.OUTCOMES]
-  rep = report_lib.aggregate([_record(c, 1.0, valid=False) for c in cells], tier="lite",
+  rep = aggregation.aggregate([_record(c, 1.0, valid=False) for c in cells], tier="lite",
                              **DIGESTS)
   assert rep["overall"] is None and rep["track_scores"]["vqa"]["overall"] is None

@@ -11,7 +11,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "bat_jax"
 
-TRAINING_SIDE = ("tasks", "stagebank", "rollout", "grpo", "bicurl")
+TRAINING_SIDE = ("train_tasks", "stagebank", "rollout", "grpo", "bicurl")
 # What the evaluator may import of the package: the public description and shared machinery.
 SHARED = ("workflow", "rubric", "sandbox", "markers", "taskkit", "io_utils")
 
@@ -59,7 +59,7 @@ def _files(*packages):
   return files
 
 
-@pytest.mark.parametrize("package", ["tasks", "stagebank"])
+@pytest.mark.parametrize("package", ["train_tasks", "stagebank"])
 def test_training_side_never_imports_the_evaluator(package):
   assert _offenders(_files(package), ("evaluator",)) == []
 
@@ -104,11 +104,11 @@ def test_the_import_scan_catches_every_form(tmp_path, line):
 
 
 def test_relative_imports_resolve_against_the_package():
-  """`from .. import tasks` inside bat_jax/evaluator/ names bat_jax.tasks."""
-  node = ast.parse("from .. import tasks").body[0]
+  """`from .. import train_tasks` inside bat_jax/evaluator/ names bat_jax.train_tasks."""
+  node = ast.parse("from .. import train_tasks").body[0]
   assert _resolve(node, PACKAGE / "evaluator" / "x.py") == "bat_jax"
-  planted = ast.parse("from ..tasks import base").body[0]
-  assert _resolve(planted, PACKAGE / "evaluator" / "x.py") == "bat_jax.tasks"
+  planted = ast.parse("from ..train_tasks import base").body[0]
+  assert _resolve(planted, PACKAGE / "evaluator" / "x.py") == "bat_jax.train_tasks"
 
 
 def test_both_sides_send_the_public_system_prompt():

@@ -9,7 +9,7 @@ from bat_jax import workflow
 from bat_jax.evaluator import generators
 from bat_jax.evaluator.markers_export import PUBLIC_NAMES
 from bat_jax.taskkit import metrics
-from bat_jax.tasks import FAMILIES
+from bat_jax.train_tasks import FAMILIES
 
 CELLS = [(t, o) for t in workflow.TRACKS for o in workflow.OUTCOMES]
 

@@ -6,7 +6,7 @@ import re
 from bat_jax import markers, workflow
 from bat_jax.evaluator import markers_export
 from bat_jax.evaluator.cells import make_cells
-from bat_jax.tasks import FAMILIES, brief_for
+from bat_jax.train_tasks import FAMILIES, brief_for
 
 
 def _cells():

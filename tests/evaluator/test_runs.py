@@ -8,7 +8,7 @@ import pytest
 
 from bat_jax import gate, workflow
 from bat_jax.evaluator import __main__ as cli
-from bat_jax.evaluator import report as report_lib
+from bat_jax.evaluator import aggregation
 from bat_jax.evaluator.agents import Turn, builtin_factory
 from bat_jax.evaluator.cells import Cell
 from bat_jax.evaluator.evaluate import EvalSettings, evaluate
@@ -33,7 +33,7 @@ def _run(tmp_path, agent, cells, workers=0, **options):
   records = run_cells(cells, factory, tmp_path / "records",
                       options=RunOptions(workers=workers, **options))
   tier = cells[0].tier
-  return records, report_lib.aggregate(records, tier=tier, **DIGESTS)
+  return records, aggregation.aggregate(records, tier=tier, **DIGESTS)
 
 
 def test_oracle_scores_at_least_095_on_every_track(tmp_path):
@@ -123,7 +123,7 @@ def test_infrastructure_failures_make_cells_invalid_not_zero(tmp_path):
   assert report["track_scores"]["segmentation"]["overall"] == 0.0
   check_report(report)
   with pytest.raises(ValueError, match="4 invalid cell"):
-    report_lib.require_complete(report)
+    aggregation.require_complete(report)
 
 
 def test_cli_writes_only_the_aggregate(tmp_path, capsys):

@@ -13,7 +13,7 @@ from bat_jax.rollout.engine import SamplingParams
 from bat_jax.rollout.jax_engine import JaxEngine
 from bat_jax.rollout.replay_engine import ScriptedEngine
 from bat_jax.sandbox import SandboxLimits
-from bat_jax.tasks import FAMILIES, expert_actions
+from bat_jax.train_tasks import FAMILIES, expert_actions
 from rollout_fixtures import LONG_ENGINE
 
 LIMITS = SandboxLimits(wall_s=20.0, cpu_s=10)

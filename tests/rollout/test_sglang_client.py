@@ -22,7 +22,7 @@ from bat_jax.rollout.jax_engine import JaxEngine
 from bat_jax.rollout.sglang_client import (ProtocolError, RequestRejectedError, RetryPolicy,
                                            SGLangClient, SGLangEngine, ServerUnavailableError,
                                            parse_generate_response)
-from bat_jax.serve import ServeApp, ServedModel, serve_in_thread
+from bat_jax.rollout.server import ServeApp, ServedModel, serve_in_thread
 from rollout_fixtures import LONG_ENGINE, SMALL_ENGINE
 
 CFG = SMALL_ENGINE

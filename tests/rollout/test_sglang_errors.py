@@ -2,7 +2,7 @@
 
 The bodies below are SGLang 0.5.23's own (texts copied from its tokenizer_manager.py /
 http_server.py); SGLang needs CUDA, so they come from an httpx mock transport, and the same
-context-400 path is also run over real HTTP against `bat_jax.serve`.
+context-400 path is also run over real HTTP against `bat_jax.rollout.server`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from bat_jax.rollout.jax_engine import JaxEngine, JaxEngineConfig
 from bat_jax.rollout.sglang_client import (ContextLengthExceededError, RequestRejectedError,
                                            RetryPolicy, SGLangClient, SGLangEngine,
                                            SGLangError, ServerUnavailableError)
+from bat_jax.rollout.server import ServeApp, ServedModel, serve_in_thread
 from bat_jax.rollout.sglang_launcher import free_port
-from bat_jax.serve import ServeApp, ServedModel, serve_in_thread
 from configs import tiny
 from rollout_fixtures import SMALL_ENGINE
 

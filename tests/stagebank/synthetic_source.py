@@ -1,7 +1,7 @@
 """A deterministic task source for bank tests that must not depend on the task families.
 
 The bank takes its source by injection (`TaskSource`); this one writes a plain brief per
-(track, outcome, seed). Tests that exercise the real `bat_jax.tasks` source live beside it.
+(track, outcome, seed). Tests that exercise the real `bat_jax.train_tasks` source live beside it.
 """
 
 import hashlib

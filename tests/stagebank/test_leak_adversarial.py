@@ -20,7 +20,7 @@ from bat_jax import markers, workflow
 from bat_jax.evaluator import markers_export
 from bat_jax.evaluator.cells import make_cells
 from bat_jax.stagebank import leakcheck
-from bat_jax.tasks import FAMILIES, brief_for
+from bat_jax.train_tasks import FAMILIES, brief_for
 
 _CYRILLIC = str.maketrans("aceopxyiAСEOPXY", "асеорхуіАСЕОРХУ")
 _GREEK = str.maketrans("aoiktvxABEHIKMNOPTXYZ", "αοικτνχΑΒΕΗΙΚΜΝΟΡΤΧΥΖ")

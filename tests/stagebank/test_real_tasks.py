@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bat_jax import markers
-from bat_jax import tasks
+from bat_jax import train_tasks
 from bat_jax import workflow
 from bat_jax.stagebank import build
 from bat_jax.stagebank import leakcheck
@@ -31,7 +31,7 @@ def test_rows_hold_no_hidden_answers_and_rebuild_from_their_recipe(built):
   for rows in built.pools.values():
     for row in rows:
       recipe = row["extra_info"]["workspace_recipe"]
-      instance = tasks.FAMILIES[recipe["track"]].generate(recipe["seed"], recipe["outcome"])
+      instance = train_tasks.FAMILIES[recipe["track"]].generate(recipe["seed"], recipe["outcome"])
       prov = row["extra_info"]["provenance"]
       assert prov["source_digest"] == task_source.files_digest(instance.files)
       assert prov["task_id"] == instance.task_id
@@ -42,7 +42,8 @@ def test_rows_hold_no_hidden_answers_and_rebuild_from_their_recipe(built):
         secrets += [hidden["fault"], str(hidden["fault_subject"])]
       for secret in secrets:
         assert secret not in blob, (secret, recipe)
-      assert row["prompt"][1]["content"] == tasks.brief_for(instance, recipe["boundary_stage"])
+      brief = train_tasks.brief_for(instance, recipe["boundary_stage"])
+      assert row["prompt"][1]["content"] == brief
 
 
 def test_every_expert_action_passes_the_leak_check():
@@ -51,9 +52,9 @@ def test_every_expert_action_passes_the_leak_check():
   n = 0
   for track in workflow.TRACKS:
     for outcome in workflow.OUTCOMES:
-      instance = tasks.FAMILIES[track].generate(3, outcome)
+      instance = train_tasks.FAMILIES[track].generate(3, outcome)
       for stage in workflow.STAGES:
-        for action in tasks.expert_actions(instance, stage):
+        for action in train_tasks.expert_actions(instance, stage):
           assert checker.check_row(action) == [], (track, outcome, stage, action)
           n += 1
   assert n > 100

@@ -26,7 +26,7 @@ USER = "Track: vqa. Answer the questions about the images in data/. Do stage S3 
 def _rows():
   actions = [sft_rows._neutral_action(a) for a in ACTIONS]
   return sft_rows.rows_for_task(USER, STATE, actions, OBSERVATIONS, state_id="sid",
-                                task_seed=5, generator="bat_jax.tasks/vqa")
+                                task_seed=5, generator="bat_jax.train_tasks/vqa")
 
 
 def test_one_row_per_action_with_growing_real_context():

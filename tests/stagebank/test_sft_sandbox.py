@@ -8,7 +8,7 @@ from bat_jax.stagebank import grid
 from bat_jax.stagebank import leakcheck
 from bat_jax.stagebank import sft_rows
 
-from bat_jax import tasks
+from bat_jax import train_tasks
 
 # Two foci of one task (the S3 row's boundary reuses the S2 row's cached snapshot) + one more.
 STATES = (grid.GridState("S2", "segmentation", "recovery"),
@@ -26,8 +26,8 @@ def test_sft_set_from_executed_expert_actions(tmp_path, require_bwrap):
   for state in STATES:
     mine = [r for r in rows if r["metadata"]["grid_state"] == state.key]
     recipe = mine[0]["metadata"]["workspace_recipe"]
-    instance = tasks.FAMILIES[state.track].generate(recipe["seed"], state.outcome)
-    expert = sft_rows.focus_actions(tasks, instance, state.focus)
+    instance = train_tasks.FAMILIES[state.track].generate(recipe["seed"], state.outcome)
+    expert = sft_rows.focus_actions(train_tasks, instance, state.focus)
     assert len(mine) == len(expert) > 0
     for k, row in enumerate(mine):
       assert sft_rows.target_action(row) == expert[k]
@@ -50,10 +50,10 @@ def test_first_action_tasks_add_one_unexecuted_row_per_focus(tmp_path):
   assert len(seeds) == 3 * 2  # three tasks per (track, outcome) cell, two cells
   for row in rows:
     meta = row["metadata"]
-    instance = tasks.generate(meta["track"], meta["workspace_recipe"]["seed"], meta["outcome"],
-                              "stage_tools")
+    instance = train_tasks.generate(meta["track"], meta["workspace_recipe"]["seed"],
+                                    meta["outcome"], "stage_tools")
     assert meta["action_index"] == 0
     assert [m["role"] for m in row["messages"]] == ["system", "user"]
-    assert row["messages"][1]["content"] == tasks.brief_for(instance, meta["stage"])
-    assert sft_rows.target_action(row) == sft_rows.focus_actions(tasks, instance,
+    assert row["messages"][1]["content"] == train_tasks.brief_for(instance, meta["stage"])
+    assert sft_rows.target_action(row) == sft_rows.focus_actions(train_tasks, instance,
                                                                  meta["stage"])[0]

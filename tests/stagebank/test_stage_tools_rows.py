@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bat_jax import markers, tasks, workflow
+from bat_jax import markers, train_tasks, workflow
 from bat_jax.evaluator.evaluate import EvalSettings
 from bat_jax.evaluator.markers_export import export_cells
 from bat_jax.sandbox import SandboxLimits
@@ -40,7 +40,7 @@ def test_round_passes_the_leak_check_and_rebuilds(checker):
 
 def test_tool_observations_pass_the_leak_check(checker, tmp_path, require_bwrap):
   """Observations name faults and subjects (e.g. `intensity_scale`): public, never flagged."""
-  inst = next(i for i in (tasks.generate("enhancement", s, "recovery", "stage_tools")
+  inst = next(i for i in (train_tasks.generate("enhancement", s, "recovery", "stage_tools")
                           for s in range(60)) if i.hidden["fault"] == "degenerate_output")
   sandbox = materialize_at(inst, "S3", tmp_path / "ws", SandboxLimits(wall_s=60.0))
   observations = []
@@ -50,4 +50,4 @@ def test_tool_observations_pass_the_leak_check(checker, tmp_path, require_bwrap)
     observations.append(res.observation)
     assert checker.check_row({"action": action, "observation": res.observation}) == []
   assert "fault=degenerate_output subject=intensity_scale" in observations[0]
-  assert workflow.STAGE_TOOLS["S3"] in tasks.brief_for(inst, "S3")
+  assert workflow.STAGE_TOOLS["S3"] in train_tasks.brief_for(inst, "S3")

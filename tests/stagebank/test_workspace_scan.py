@@ -35,8 +35,8 @@ def test_marker_hidden_in_raster_text_lines_is_caught():
 
 def _row(track, seed, stage, digest):
   return {"extra_info": {
-      "workspace_recipe": {"generator": f"bat_jax.tasks/{track}", "track": track, "seed": seed,
-                           "outcome": "success", "action_space": "code",
+      "workspace_recipe": {"generator": f"bat_jax.train_tasks/{track}", "track": track,
+                           "seed": seed, "outcome": "success", "action_space": "code",
                            "boundary_stage": stage},
       "provenance": {"source_digest": digest}}}
 

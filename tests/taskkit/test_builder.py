@@ -9,8 +9,8 @@ from bat_jax import workflow
 from bat_jax.taskkit import FAMILY_TYPES, NamePool
 from bat_jax.taskkit.runners import _common
 from bat_jax.taskkit.scripts import convert
-from bat_jax.tasks import FAMILIES  # concrete tasks to inspect the builder's output
-from bat_jax.tasks.briefs import make_brief
+from bat_jax.train_tasks import FAMILIES  # concrete tasks to inspect the builder's output
+from bat_jax.train_tasks.briefs import make_brief
 
 OTHER_NAMES = NamePool(salt="heldout", case_prefixes=("zz",), data_dirs=("vault",),
                        index_names=("roster",), model_words=("quill",), weight_stems=("blob",),

@@ -9,7 +9,7 @@ from bat_jax import workflow
 from bat_jax.sandbox import SandboxLimits, fingerprint
 from bat_jax.taskkit import expert_actions, expert_episode, materialize_at
 from bat_jax.taskkit.episodes import EVIDENCE, HANDOFF_EVIDENCE
-from bat_jax.tasks import FAMILIES  # concrete tasks to run the machinery on
+from bat_jax.train_tasks import FAMILIES  # concrete tasks to run the machinery on
 
 CELLS = [(t, o) for t in workflow.TRACKS for o in workflow.OUTCOMES]
 LIMITS = SandboxLimits(wall_s=60.0)

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from bat_jax import rubric, workflow
+from bat_jax import train_tasks
 from bat_jax.evaluator import generators
 from bat_jax.evaluator.agents import NullAgent, OracleAgent
 from bat_jax.evaluator.cells import Cell
 from bat_jax.evaluator.episode import run_cell
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.taskkit import expert_actions, expert_episode, materialize_at, toolspace
-from bat_jax import tasks
 
 CELLS = [(t, o) for t in workflow.TRACKS for o in workflow.OUTCOMES]
 LIMITS = SandboxLimits(wall_s=60.0)
@@ -29,7 +29,7 @@ def _score(inst, focus, sandbox):
 
 
 def test_actions_are_short_grounded_tool_calls():
-  inst = tasks.generate("classification", 5, "recovery", "stage_tools")
+  inst = train_tasks.generate("classification", 5, "recovery", "stage_tools")
   facts = toolspace.facts(inst)
   calls = [a["arguments"]["code"] for s in workflow.STAGES for a in expert_actions(inst, s)]
   assert all(c.startswith("python tools/") and len(c) < 160 for c in calls), calls
@@ -39,11 +39,11 @@ def test_actions_are_short_grounded_tool_calls():
   assert toolspace.task_facts(inst) in inst.brief and "tools/" in inst.brief
   assert set(workflow.STAGE_TOOL_FILES) <= set(inst.files)
   assert inst.spec["stage_tools"] == dict(workflow.STAGE_TOOLS)
-  code_task = tasks.generate("classification", 5, "recovery")
+  code_task = train_tasks.generate("classification", 5, "recovery")
   assert code_task.action_space == "code" and not set(workflow.STAGE_TOOL_FILES) & set(
       code_task.files)
   with pytest.raises(ValueError, match="action space"):
-    tasks.generate("classification", 5, "recovery", "gui")
+    train_tasks.generate("classification", 5, "recovery", "gui")
 
 
 # The default suite runs one cell per track (outcomes rotating); the slow run every cell.
@@ -55,7 +55,7 @@ _CELL_PARAMS = [pytest.param(t, o, marks=() if (t, o) in ONE_PER_TRACK else pyte
 @pytest.mark.parametrize("track,outcome", _CELL_PARAMS)
 def test_expert_and_null_on_every_training_and_heldout_cell(require_bwrap, tmp_path, track,
                                                             outcome):
-  train = tasks.generate(track, 11, outcome, "stage_tools")
+  train = train_tasks.generate(track, 11, outcome, "stage_tools")
   ep = expert_episode(train, workflow.E2E, tmp_path / "train", LIMITS)
   assert ep.result.reward == 1.0, ep.result
   cell = Cell(track, outcome, seed=4242, tier="lite", action_space="stage_tools")
@@ -69,7 +69,7 @@ def test_expert_and_null_on_every_training_and_heldout_cell(require_bwrap, tmp_p
 @pytest.mark.parametrize("track,outcome", CELLS)
 def test_expert_on_every_stage_boundary(require_bwrap, tmp_path, track, outcome):
   for seed in range(3):
-    inst = tasks.generate(track, 300 + seed, outcome, "stage_tools")
+    inst = train_tasks.generate(track, 300 + seed, outcome, "stage_tools")
     for focus in workflow.FOCI:
       ep = expert_episode(inst, focus, tmp_path / f"{seed}{focus}", LIMITS,
                           cache_dir=tmp_path / f"c{seed}")
@@ -77,7 +77,7 @@ def test_expert_on_every_stage_boundary(require_bwrap, tmp_path, track, outcome)
 
 
 def test_train_and_heldout_differ_but_share_the_tools():
-  train = tasks.generate("vqa", 3, "recovery", "stage_tools")
+  train = train_tasks.generate("vqa", 3, "recovery", "stage_tools")
   held = generators.generate("vqa", 3, "recovery", "lite", "stage_tools")
   for rel in workflow.STAGE_TOOL_FILES:
     assert train.files[rel] == held.files[rel]
@@ -88,7 +88,7 @@ def test_train_and_heldout_differ_but_share_the_tools():
 
 
 def test_wrong_grounding_fails_or_is_rejected(require_bwrap, tmp_path):
-  inst = tasks.generate("segmentation", 8, "success", "stage_tools")
+  inst = train_tasks.generate("segmentation", 8, "success", "stage_tools")
   f = toolspace.facts(inst)
   # S1: a wrong case count still writes a plan, but its resources are not grounded.
   sb = materialize_at(inst, "S1", tmp_path / "s1", LIMITS)
@@ -116,7 +116,7 @@ def test_wrong_grounding_fails_or_is_rejected(require_bwrap, tmp_path):
 
 
 def test_reactive_fix_must_name_the_observed_fault(require_bwrap, tmp_path):
-  inst = next(i for i in (tasks.generate("classification", s, "recovery", "stage_tools")
+  inst = next(i for i in (train_tasks.generate("classification", s, "recovery", "stage_tools")
                           for s in range(60)) if i.hidden["fault"] == "corrupted_case")
   ids = toolspace.facts(inst)["validation"]
   sb = materialize_at(inst, "S3", tmp_path / "ok", LIMITS)
@@ -137,7 +137,7 @@ def test_reactive_fix_must_name_the_observed_fault(require_bwrap, tmp_path):
 
 def test_receipts_still_need_executed_writes(require_bwrap, tmp_path):
   """A stage tool's receipt is void once a file it names is edited afterwards."""
-  inst = tasks.generate("detection", 2, "success", "stage_tools")
+  inst = train_tasks.generate("detection", 2, "success", "stage_tools")
   sb = materialize_at(inst, "S5", tmp_path / "s5", LIMITS)
   for a in expert_actions(inst, "S5"):
     assert _run(sb, a["arguments"]["code"]).exit_code == 0

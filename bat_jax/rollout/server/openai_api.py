@@ -12,10 +12,10 @@ from http import HTTPStatus
 from typing import Any, Callable, Iterator, Optional
 
 from bat_jax.rollout.openai_chat import assistant_turn, openai_to_messages, tool_call
-from bat_jax.serve import params as P
-from bat_jax.serve.params import RequestError, Sampling
-from bat_jax.serve.scheduler import Job
-from bat_jax.serve.text import CALL_OPEN, StreamText, trim_at_stop
+from bat_jax.rollout.server import params as P
+from bat_jax.rollout.server.params import RequestError, Sampling
+from bat_jax.rollout.server.scheduler import Job
+from bat_jax.rollout.server.text import CALL_OPEN, StreamText, trim_at_stop
 
 CHAT_FIELDS = frozenset({
     "model", "messages", "tools", "tool_choice", "max_tokens", "max_completion_tokens",

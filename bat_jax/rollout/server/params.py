@@ -1,4 +1,4 @@
-"""Request validation for `bat_jax.serve`: typed field readers and the sampling settings.
+"""Request validation for `bat_jax.rollout.server`: typed field readers and the sampling settings.
 
 Every reader refuses a wrong type, a non-finite number or an out-of-range value with a
 `RequestError` that names the field, so junk never reaches the engine. `Sampling` is the

@@ -15,8 +15,8 @@ Public API (see the contract in workflow.py):
 
 from bat_jax.taskkit import (Action, NamePool, TaskInstance, TrackFamily, expert_actions,
                              expert_episode, materialize_at, run_expert)
-from bat_jax.tasks.briefs import brief_for
-from bat_jax.tasks.families import FAMILIES, TRAIN_NAMES, generate
+from bat_jax.train_tasks.briefs import brief_for
+from bat_jax.train_tasks.families import FAMILIES, TRAIN_NAMES, generate
 
 __all__ = ["FAMILIES", "TRAIN_NAMES", "Action", "NamePool", "TaskInstance", "TrackFamily",
            "brief_for", "expert_actions", "expert_episode", "generate", "materialize_at",

@@ -13,9 +13,9 @@ from synthetic_source import SyntheticSource
 
 from bat_jax import io_utils, markers
 from bat_jax.stagebank import build
+from bat_jax.stagebank import daemon
 from bat_jax.stagebank import reader
 from bat_jax.stagebank import rounds
-from bat_jax.stagebank import serve
 from bat_jax.stagebank import shards
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,8 +58,8 @@ def test_serve_publishes_requests_atomically_and_fails_fast(server):
   try:
     weights = ({"s_target": 0.5, "s_mix": 0.25, "e2e": 0.25},
                {"S1": 0.0, "S2": 0.0, "S3": 0.0, "S4": 0.0, "S5": 1.0})
-    serve.request_round(bank, 0, weights, target="S5")
-    round_dir = serve.wait_for_round(bank, 0, timeout=60)
+    daemon.request_round(bank, 0, weights, target="S5")
+    round_dir = daemon.wait_for_round(bank, 0, timeout=60)
     manifest = shards.verify_round(round_dir)
     assert manifest["round_target"] == "S5" and manifest["config"]["seed"] == 3
     batches = list(reader.RoundReader(round_dir))
@@ -67,23 +67,23 @@ def test_serve_publishes_requests_atomically_and_fails_fast(server):
     assert all(r["extra_info"]["target_stage"] == "S5" for b in batches for r in b[:4])
 
     # A request carrying anything but round/target/weights is refused, naming the field.
-    req_dir = bank / serve.REQUESTS_DIR
+    req_dir = bank / daemon.REQUESTS_DIR
     io_utils.atomic_write_json(req_dir / "round_000001.json", {
         "round": 1, "target": "S1", "weights": rounds.RoundWeights.for_target("S1").to_json(),
         "heldout_scores": [0.1]})
-    with pytest.raises(serve.RoundFailed, match="heldout_scores"):
-      serve.wait_for_round(bank, 1, timeout=60)
+    with pytest.raises(daemon.RoundFailed, match="heldout_scores"):
+      daemon.wait_for_round(bank, 1, timeout=60)
 
     # A leak found by the server's pre-check fails the round whole; nothing is published.
     io_utils.atomic_write_json(bank / "markers.json",
                              markers.export_markers(["task/spec.json"], salt="bank"))
-    serve.request_round(bank, 2, rounds.RoundWeights.for_target("S2"))
-    with pytest.raises(serve.RoundFailed, match="heldout_marker"):
-      serve.wait_for_round(bank, 2, timeout=60)
-    failure = json.loads((bank / serve.FAILED_DIR / "round_000002.json").read_text())
+    daemon.request_round(bank, 2, rounds.RoundWeights.for_target("S2"))
+    with pytest.raises(daemon.RoundFailed, match="heldout_marker"):
+      daemon.wait_for_round(bank, 2, timeout=60)
+    failure = json.loads((bank / daemon.FAILED_DIR / "round_000002.json").read_text())
     assert failure["leak_receipt"]["rows_rejected"] == 48
     assert shards.published_rounds(bank) == [0]
-    assert serve.server_alive(bank)
+    assert daemon.server_alive(bank)
   finally:
     stop.set()
     watcher.join()
@@ -92,34 +92,34 @@ def test_serve_publishes_requests_atomically_and_fails_fast(server):
   proc.send_signal(signal.SIGTERM)
   out, _ = proc.communicate(timeout=30)
   assert proc.returncode == 0, out
-  assert not serve.server_alive(bank)
+  assert not daemon.server_alive(bank)
 
 
 def test_wait_for_round_times_out_naming_the_bank(tmp_path):
   with pytest.raises(TimeoutError, match="round 9 did not appear"):
-    serve.wait_for_round(tmp_path, 9, timeout=0.1)
+    daemon.wait_for_round(tmp_path, 9, timeout=0.1)
   with pytest.raises(ValueError, match="disagrees"):
-    serve.request_round(tmp_path, 0, rounds.RoundWeights.for_target("S3"), target="S1")
+    daemon.request_round(tmp_path, 0, rounds.RoundWeights.for_target("S3"), target="S1")
 
 
 def test_request_conflicting_with_a_published_round_is_refused(tmp_path, source, checker):
   spec = rounds.RoundSpec(0, rounds.RoundWeights.for_target("S3"), n_batches=1)
   build.publish(tmp_path, build.build_round(spec, source, checker), source_name=source.name)
-  serve.request_round(tmp_path, 0, spec.weights)  # same weights: fine, already served
-  assert serve.wait_for_round(tmp_path, 0, timeout=1) == tmp_path / "round_000000"
+  daemon.request_round(tmp_path, 0, spec.weights)  # same weights: fine, already served
+  assert daemon.wait_for_round(tmp_path, 0, timeout=1) == tmp_path / "round_000000"
   with pytest.raises(shards.RoundExistsError, match="round_000000"):
-    serve.request_round(tmp_path, 0, rounds.RoundWeights.for_target("S1"))
+    daemon.request_round(tmp_path, 0, rounds.RoundWeights.for_target("S1"))
 
 
 def test_serve_in_a_thread_stops_on_its_event(tmp_path):
   stop = threading.Event()
-  thread = threading.Thread(target=serve.serve, args=(tmp_path, SyntheticSource),
+  thread = threading.Thread(target=daemon.serve, args=(tmp_path, SyntheticSource),
                             kwargs=dict(n_batches=1, poll_s=0.01, stop=stop,
                                         allow_no_markers=True))
   thread.start()
-  serve.request_round(tmp_path, 3, rounds.RoundWeights.for_target("S1"))
-  assert serve.wait_for_round(tmp_path, 3, timeout=30).name == "round_000003"
-  assert serve.server_alive(tmp_path)
+  daemon.request_round(tmp_path, 3, rounds.RoundWeights.for_target("S1"))
+  assert daemon.wait_for_round(tmp_path, 3, timeout=30).name == "round_000003"
+  assert daemon.server_alive(tmp_path)
   stop.set()
   thread.join(timeout=10)
-  assert not thread.is_alive() and not serve.server_alive(tmp_path)
+  assert not thread.is_alive() and not daemon.server_alive(tmp_path)

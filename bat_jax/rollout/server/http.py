@@ -1,4 +1,4 @@
-"""The HTTP transport of `bat_jax.serve`: a hardened stdlib ThreadingHTTPServer.
+"""The HTTP transport of `bat_jax.rollout.server`: a hardened stdlib ThreadingHTTPServer.
 
 Junk is answered with a 4xx, quickly, and without growing the process: the body size is capped
 (413) before anything is read, Content-Length must be a plain decimal (chunked bodies are
@@ -19,7 +19,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterator
 
-from bat_jax.serve.app import ServeApp, error
+from bat_jax.rollout.server.app import ServeApp, error
 
 log = logging.getLogger("bat_jax.serve")
 

@@ -1,4 +1,4 @@
-"""`bat_jax.serve`: request validation, SGLang/OpenAI answers, and the CLI under the launcher."""
+"""`bat_jax.rollout.server`: request validation, SGLang/OpenAI answers, and the CLI under the launcher."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import sys
 import httpx
 import pytest
 
-from bat_jax import serve, workflow
+from bat_jax import workflow
 from bat_jax.model import save_pretrained
+from bat_jax.rollout import server as serve
 from bat_jax.rollout.openai_chat import assistant_turn
 from bat_jax.rollout.sglang_launcher import ServerProcess, free_port
 

@@ -1,4 +1,4 @@
-"""Request routing and the SGLang-protocol endpoints of `bat_jax.serve` (transport-free)."""
+"""Request routing and the SGLang-protocol endpoints of `bat_jax.rollout.server` (transport-free)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Any, Callable, Optional
 
 import jax
 
-from bat_jax.serve import params as P
-from bat_jax.serve.params import RequestError
-from bat_jax.serve.scheduler import Job, Scheduler
-from bat_jax.serve.text import find_stop, top_logprobs
+from bat_jax.rollout.server import params as P
+from bat_jax.rollout.server.params import RequestError
+from bat_jax.rollout.server.scheduler import Job, Scheduler
+from bat_jax.rollout.server.text import find_stop, top_logprobs
 
 log = logging.getLogger("bat_jax.serve")
 
@@ -53,7 +53,7 @@ class ServeApp:
   """Validates requests, runs them through the scheduler, and answers JSON (or a stream)."""
 
   def __init__(self, served: ServedModel, *, step_tokens: Optional[int] = None):
-    from bat_jax.serve import openai_api  # the OpenAI endpoints live beside this module
+    from bat_jax.rollout.server import openai_api  # the OpenAI endpoints live beside this module
     self.served = served
     cfg = served.engine.config
     self.max_stop_ids = cfg.max_stop_ids

@@ -4,7 +4,7 @@ import pytest
 
 from bat_jax import workflow
 from bat_jax.sandbox import SandboxLimits
-from bat_jax.tasks.sweep import expert_sweep
+from bat_jax.train_tasks.sweep import expert_sweep
 
 LIMITS = SandboxLimits(wall_s=60.0)
 

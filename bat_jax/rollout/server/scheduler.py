@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
 from bat_jax.rollout.engine import GenerateRequest
-from bat_jax.serve.params import Sampling
+from bat_jax.rollout.server.params import Sampling
 
 log = logging.getLogger(__name__)
 

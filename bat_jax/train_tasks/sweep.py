@@ -12,7 +12,7 @@ from pathlib import Path
 from bat_jax import workflow
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.taskkit.episodes import expert_episode
-from bat_jax.tasks.families import FAMILIES
+from bat_jax.train_tasks.families import FAMILIES
 
 SweepKey = tuple[str, str, str]  # (track, outcome, focus)
 

@@ -7,7 +7,7 @@ import pytest
 from bat_jax import workflow
 from bat_jax.taskkit import FAMILY_TYPES, metrics
 from bat_jax.taskkit.scripts import checks
-from bat_jax.tasks import FAMILIES, TRAIN_NAMES, brief_for
+from bat_jax.train_tasks import FAMILIES, TRAIN_NAMES, brief_for
 
 CELLS = [(t, o) for t in workflow.TRACKS for o in workflow.OUTCOMES]
 
@@ -66,14 +66,14 @@ def test_unknown_outcome_is_named():
 
 
 def test_stage_tools_briefs_vary_their_wording_but_never_the_heldout_one():
-  from bat_jax import tasks
+  from bat_jax import train_tasks
   from bat_jax.evaluator import generators
   from bat_jax.taskkit import toolspace
   heldout = generators.generate("vqa", 3, "success", "lite", "stage_tools")
   heldout_tail = heldout.brief.rsplit(toolspace.task_facts(heldout), 1)[-1]
   closings = set()
   for seed in range(40):
-    instance = tasks.generate("vqa", seed, "success", "stage_tools")
+    instance = train_tasks.generate("vqa", seed, "success", "stage_tools")
     head, tail = instance.brief.rsplit(toolspace.task_facts(instance), 1)
     closings.add(tail)
     assert tail != heldout_tail and "Study facts:" not in head

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Optional
 
 from bat_jax.rollout.jax_engine import JaxEngine, JaxEngineConfig
-from bat_jax.serve.app import ServeApp, ServedModel
-from bat_jax.serve.http import make_server
+from bat_jax.rollout.server.app import ServeApp, ServedModel
+from bat_jax.rollout.server.http import make_server
 
 log = logging.getLogger("bat_jax.serve")
 

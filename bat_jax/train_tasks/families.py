@@ -2,7 +2,7 @@
 
 The sampling logic and the workspace builder are shared machinery (`bat_jax.taskkit`); what makes
 these the TRAINING tasks is the vocabulary and seed stream below (`TRAIN_NAMES`) and the brief
-wording (`bat_jax.tasks.briefs`). The held-out evaluator binds the same machinery to its own.
+wording (`bat_jax.train_tasks.briefs`). The held-out evaluator binds the same machinery to its own.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from bat_jax import workflow
 from bat_jax.taskkit import toolspace
 from bat_jax.taskkit.base import NamePool, TaskInstance, TrackFamily
 from bat_jax.taskkit.families import FAMILY_TYPES
-from bat_jax.tasks.briefs import make_brief, tools_brief
+from bat_jax.train_tasks.briefs import make_brief, tools_brief
 
 TRAIN_NAMES = NamePool(
     salt="train",

@@ -1,4 +1,4 @@
-"""`bat_jax.serve` driven by the official `openai` client, as external harnesses drive it."""
+"""`bat_jax.rollout.server` driven by the official `openai` client, as external harnesses drive it."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def client(served):
 def bigram(tokenizer, chat):
   """A server whose model, greedy or not, answers `</function></tool_call><|im_end|>` after a
   generation prompt or a forced `<function=f>\\n` (see conftest.set_bigram_path)."""
-  from bat_jax.serve.openai_api import _forced_call_prefix
+  from bat_jax.rollout.server.openai_api import _forced_call_prefix
   model = tiny_model(len(tokenizer))
   answer = chat.encode("</function></tool_call>") + [chat.im_end_id]
   prompt_end = chat.encode_prompt(USER, [])[-1]

@@ -18,7 +18,7 @@ import pytest
 from bat_jax.rollout.engine import GenerateRequest, SamplingParams
 from bat_jax.rollout.jax_engine import JaxEngine
 from bat_jax.rollout.sampling import seed_key_data
-from bat_jax.serve.params import choice_seed
+from bat_jax.rollout.server.params import choice_seed
 from serve_fixtures import ENGINE
 
 USER = [{"role": "user", "content": "List the data."}]

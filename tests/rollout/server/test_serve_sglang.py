@@ -1,4 +1,4 @@
-"""`bat_jax.serve` as an SGLang 0.5.23 stand-in: /generate sampling params, info, memory."""
+"""`bat_jax.rollout.server` as an SGLang 0.5.23 stand-in: /generate sampling params, info, memory."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Adversarial HTTP input against `bat_jax.serve`: every junk request gets a 4xx within a second
+"""Adversarial HTTP input against `bat_jax.rollout.server`: every junk request gets a 4xx within a second
 (a stalled body: within its 0.5 s read timeout plus a margin), the server keeps serving, and its
 process stays under 2 GB RSS."""
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 from flax import nnx
 
-from bat_jax import serve
 from bat_jax.model import ModelConfig, build_model
+from bat_jax.rollout import server as serve
 from bat_jax.rollout.jax_engine import JaxEngine, JaxEngineConfig
 
 MAX_LEN = 2048
