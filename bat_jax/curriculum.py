@@ -30,7 +30,7 @@ Modes (`MODES`):
   scored stages (they select nothing, but stay a distribution).
 
 When no stage is scored at all there is nothing to rank; the array core then returns uniform
-stage weights over all five stages (jitted code cannot raise), and `select_target` raises.
+stage weights over all five stages (jitted code cannot raise).
 """
 
 from __future__ import annotations
@@ -256,26 +256,3 @@ def pool_dict(pool_mix: ArrayLike) -> dict[str, float]:
   """`[3]` pool mix -> `{"s_target": p, "s_mix": p, "e2e": p}`."""
   values = np.asarray(pool_mix, np.float64).reshape(NUM_POOLS)
   return {p: float(v) for p, v in zip(workflow.POOLS, values)}
-
-
-def select_target(candidate_scores: Union[ArrayLike, ScoreDict],
-                  baseline_scores: Union[ArrayLike, ScoreDict, None] = None,
-                  gate_passed: bool = True) -> str:
-  """BaT's target stage: the lowest candidate score (ties -> earliest stage), or, when the gate
-  held and some stage regressed (baseline - candidate > 0), the stage that regressed most.
-
-  Raises:
-    ValueError: when no stage has a candidate score.
-  """
-  if isinstance(candidate_scores, Mapping):
-    cand = stage_vector(candidate_scores, "candidate_scores")
-    base = None if baseline_scores is None else stage_vector(baseline_scores, "baseline_scores")
-  else:
-    cand, base = candidate_scores, baseline_scores
-  cand = np.asarray(cand, np.float64)
-  if cand.shape != (NUM_STAGES,):
-    raise ValueError(f"candidate_scores must have shape [{NUM_STAGES}], got {cand.shape}")
-  if np.isnan(cand).all():
-    raise ValueError("select_target: every candidate stage score is null; nothing to rank")
-  _, stage = weights_array(cand, base, bool(gate_passed), CurriculumConfig(mode="argmin"))
-  return workflow.STAGES[int(np.argmax(np.asarray(stage)))]

@@ -349,10 +349,6 @@ class MarkerMatcher:
       self._memo[text] = result
     return result
 
-  def find_in_text(self, text: str) -> tuple[tuple[int, str], ...]:
-    """The (n, digest) of every marker occurrence in one string (n-gram groups excluded)."""
-    return tuple((n, d) for _, n, d in self._scan(text).hits)
-
   def _junction(self, tail, head) -> tuple[tuple[str, int, str], ...]:
     """Hits that straddle the boundary of two strings (the tail of one, the head of the next):
     only n-grams and squashed windows that start before the boundary and end after it."""

@@ -19,7 +19,6 @@ import contextvars
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import jax
 import numpy as np
@@ -127,17 +126,6 @@ def logical_to_spec(logical_axes: Sequence[str | None], rules: Rules,
   return PartitionSpec(*spec)
 
 
-def _is_axes_leaf(x: Any) -> bool:
-  return isinstance(x, PartitionSpec) or (
-      isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x))
-
-
-def logical_to_sharding(logical_axes_tree: Any, mesh: Mesh, rules: Rules) -> Any:
-  """Maps a pytree whose leaves are logical-axes tuples to NamedShardings."""
-  return jax.tree.map(lambda axes: NamedSharding(mesh, logical_to_spec(axes, rules)),
-                      logical_axes_tree, is_leaf=_is_axes_leaf)
-
-
 def _variable_sharding(var: nnx.Variable, mesh: Mesh, rules: Rules) -> NamedSharding:
   axes = var.get_metadata().get("out_sharding")
   shape = var.get_value().shape
@@ -158,13 +146,6 @@ def model_shardings(model_or_state: nnx.Module | nnx.State, mesh: Mesh,
            else model_or_state)
   return jax.tree.map(lambda v: v.replace(_variable_sharding(v, mesh, rules)), state,
                       is_leaf=lambda x: isinstance(x, nnx.Variable))
-
-
-def shard_model(model: nnx.Module, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> nnx.Module:
-  """Places the model's variables on `mesh` per `rules` (in place; returns model)."""
-  state = nnx.state(model)
-  nnx.update(model, jax.device_put(state, model_shardings(state, mesh, rules)))
-  return model
 
 
 _ACTIVATION_SHARDING: contextvars.ContextVar[tuple[Mesh, tuple] | None] = contextvars.ContextVar(

@@ -199,18 +199,6 @@ def stage_score(item_results: Mapping[str, Optional[bool]]) -> Optional[float]:
   return sum(scored) / len(scored) if scored else None
 
 
-def agentic_score(stage_scores: Mapping[str, Optional[float]]) -> Optional[float]:
-  """sum_s w_s * S_s over the stages that apply, weights renormalised; None if none apply."""
-  for s in stage_scores:
-    if s not in STAGE_WEIGHTS:
-      raise ValueError(f"unknown stage {s!r} in stage_scores; expected {STAGES}")
-  live = {s: v for s, v in stage_scores.items() if not _is_null(v)}
-  if not live:
-    return None
-  total = sum(STAGE_WEIGHTS[s] for s in live)
-  return sum(STAGE_WEIGHTS[s] * float(v) for s, v in live.items()) / total
-
-
 def overall_score(task: Optional[float], agentic: Optional[float]) -> Optional[float]:
   """overall = 0.5 * task + 0.5 * agentic. A null side drops out (renormalised)."""
   parts = [(TASK_WEIGHT, task), (AGENTIC_WEIGHT, agentic)]
@@ -225,7 +213,7 @@ def e2e_reward(stage_scores: Mapping[str, Optional[float]], task: Optional[float
 
   Every stage applies to an E2E row, so a null stage (no evidence) and a null task count as 0
   here: a reward must be a number, and renormalising over the stages an agent bothered to do
-  would pay for skipping. Reporting keeps nulls via `agentic_score`.
+  would pay for skipping. The evaluator's report keeps nulls (`evaluator.aggregation`).
   """
   for s in stage_scores:
     if s not in STAGE_WEIGHTS:

@@ -42,7 +42,7 @@ def test_export_is_deterministic_and_salted():
     "volume: Lesion Volume 17.25 ml",
 ])
 def test_finds_marker_case_insensitive_and_embedded(matcher, text):
-  assert matcher.find_in_text(text)
+  assert matcher.find(text)
 
 
 def test_finds_markers_in_nested_keys_and_values(matcher):
@@ -62,25 +62,25 @@ def test_numbers_are_scanned(matcher):
 
 
 def test_no_false_positive_on_partial_or_differing_tokens(matcher):
-  assert not matcher.find_in_text("case 0042 question")      # last token differs
-  assert not matcher.find_in_text("case_0043_answer")        # one character differs
-  assert matcher.find_in_text("mycase_0042_answers")         # glued into a longer word: found
-  assert not matcher.find_in_text("an unrelated sentence about lesions and cases")
+  assert not matcher.find("case 0042 question")      # last token differs
+  assert not matcher.find("case_0043_answer")        # one character differs
+  assert matcher.find("mycase_0042_answers")         # glued into a longer word: found
+  assert not matcher.find("an unrelated sentence about lesions and cases")
 
 
 def test_short_markers_are_ignored():
   export = markers.export_markers(["ab", "x y", "abcd"], salt="s")
   assert export["marker_count"] == 1
   m = markers.MarkerMatcher(export)
-  assert not m.find_in_text("ab x y") and m.find_in_text("ABCD")
+  assert not m.find("ab x y") and m.find("ABCD")
 
 
 def test_long_markers_match_any_window():
   report = ("the left kidney shows a hypodense lesion measuring four centimetres with irregular "
             "margins suggesting malignancy")
   m = markers.MarkerMatcher(markers.export_markers([report], salt="s", window=6))
-  assert m.find_in_text("Summary: Hypodense lesion measuring four centimetres, with margins")
-  assert not m.find_in_text("a hypodense lesion measuring five centimetres")
+  assert m.find("Summary: Hypodense lesion measuring four centimetres, with margins")
+  assert not m.find("a hypodense lesion measuring five centimetres")
 
 
 def test_bad_export_names_the_field():

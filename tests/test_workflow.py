@@ -39,8 +39,6 @@ def test_unknown_names_are_named_in_errors():
     workflow.stage_items("S9", "success")
   with pytest.raises(ValueError, match="partial"):
     workflow.stage_items("S1", "partial")
-  with pytest.raises(ValueError, match="S7"):
-    workflow.agentic_score({"S7": 1.0})
   with pytest.raises(ValueError, match="S0"):
     workflow.e2e_reward({"S0": 1.0}, 1.0)
 
@@ -59,15 +57,6 @@ def test_stage_score_null_is_not_zero():
   assert workflow.stage_score({"a": True, "b": False, "c": None}) == 0.5
   assert workflow.stage_score({"a": None}) is None
   assert workflow.stage_score({}) is None
-
-
-def test_agentic_renormalises_over_live_stages():
-  assert workflow.agentic_score({"S1": 1.0, "S3": None}) == 1.0
-  got = workflow.agentic_score({"S1": 1.0, "S3": 0.0})
-  assert math.isclose(got, 0.25 / 0.60)
-  assert workflow.agentic_score({"S1": None, "S2": float("nan")}) is None
-  full = {s: 1.0 for s in workflow.STAGES}
-  assert math.isclose(workflow.agentic_score(full), 1.0)
 
 
 def test_overall_and_e2e_reward():

@@ -140,7 +140,6 @@ def logprob_pass_config(cfg: ml_collections.ConfigDict) -> LogprobPassConfig:
 @dataclasses.dataclass
 class RoundOutcome:
   """What a finished round hands back to the outer loop."""
-  params: Any                    # the final nnx.Param state
   steps: list[dict[str, float]]  # per-step metrics
   seconds: dict[str, float]      # rollout / update wall time
   healthy: bool
@@ -277,8 +276,7 @@ class GrpoRound:
                              lambda: nnx.state(self.model, nnx.Param), on_step)
     nnx.update(self.model, placement.local_copy(state.params))  # multi-host: for the export
     healthy = all(r["skipped_now"] == 0 for r in source.history)
-    return RoundOutcome(params=state.params, steps=source.history, seconds=source.seconds,
-                        healthy=healthy)
+    return RoundOutcome(steps=source.history, seconds=source.seconds, healthy=healthy)
 
 
 def grpo_trainer(cfg: ml_collections.ConfigDict, model: nnx.Module, mesh: jax.sharding.Mesh,

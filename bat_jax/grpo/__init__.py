@@ -5,6 +5,6 @@ The train step and trainer shared with SFT live in `bat_jax.train`.
 
 from bat_jax.grpo.advantages import ADVANTAGE_ESTIMATORS, group_advantages
 from bat_jax.grpo.logprobs import chunked_logprobs, taken_token_logprobs
-from bat_jax.grpo.loss import (KL_ESTIMATORS, LOSS_AGGREGATIONS, finalize_stats, policy_loss,
-                               policy_loss_terms)
+from bat_jax.grpo.loss import (KL_ESTIMATORS, LOSS_AGGREGATIONS, finalize_stats,
+                               policy_loss_terms, safe_divide)
 from bat_jax.grpo.objective import GrpoConfig, grpo_loss_fn

@@ -159,7 +159,40 @@ def policy_loss_terms(logp: Array, old_logp: Array, advantages: Array, mask: Arr
                       kl_estimator: str = "k3", loss_agg: str = "seq-mean-token-mean",
                       tis_cap: Optional[float] = None,
                       norm_length: Optional[float] = None) -> tuple[Array, Array, dict[str, Array]]:
-  """The policy loss as `(numerator, denominator, stats)`; see `policy_loss` for the arguments."""
+  """PPO/GRPO clipped surrogate loss over taken tokens.
+
+  Per token, as verl's `compute_policy_loss_vanilla`: `max(-A*r, -A*clip(r, 1-clip_low,
+  1+clip_high))` with `r = exp(clamp(logp - old_logp, -20, 20))`; for A<0 capped at
+  `-A*dual_clip` when set (verl's clip_ratio_c, default 3); times the truncated importance
+  weight `min(exp(old_logp - sampler_logp), tis_cap)` when `tis_cap` is set; plus `kl_coef *
+  KL(logp, ref_logp)` (never in the reward; k3 clamped as verl's low_var_kl). Then aggregated
+  by `loss_agg`.
+
+  Args:
+    logp: `[B, T]` current taken-token logprobs (differentiated).
+    old_logp: `[B, T]` behaviour-policy logprobs (the trainer's, before this update).
+    advantages: `[B]` per-sequence advantages.
+    mask: `[B, T]` 1 on tokens that carry loss.
+    ref_logp: `[B, T]` frozen reference logprobs; required when `kl_coef > 0`.
+    sampler_logp: `[B, T]` the rollout engine's logprobs; required by `tis_cap`, reported as
+      `sampler_gap` when given.
+    clip_low, clip_high: asymmetric ratio clip range.
+    dual_clip: cap (> 1) for negative advantages, or None.
+    kl_coef: KL loss coefficient (0 disables KL).
+    kl_estimator: key of `KL_ESTIMATORS`.
+    loss_agg: key of `LOSS_AGGREGATIONS`.
+    tis_cap: truncated importance-sampling cap, or None.
+    norm_length: the constant length of `seq-mean-token-sum-norm` (its denominator is
+      rows x norm_length); required by that mode, ignored by the others.
+
+  Returns:
+    `(numerator, denominator, stats)`: the loss is `safe_divide(numerator, denominator)` (0 for
+    an all-zero mask; the train step then skips the update), and the pair is what micro-batches
+    accumulate. `stats` are masked sums (`finalize_stats` turns them into means): `pg_loss`,
+    `clip_frac`, `approx_kl` (0.5 * (logp - old_logp)^2), `ratio`, `ratio_max`, `kl` when KL is
+    on, `sampler_gap` / `sampler_gap_max` with sampler logprobs, `tis_weight` /
+    `tis_capped_frac` with TIS, and the `tokens` / `sequences` counts.
+  """
   validate_loss_config(kl_estimator=kl_estimator, loss_agg=loss_agg, clip_low=clip_low,
                        clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef, tis_cap=tis_cap,
                        norm_length=norm_length)
@@ -220,54 +253,3 @@ def finalize_stats(stats: Mapping[str, Array]) -> dict[str, Array]:
 def safe_divide(numerator: Array, denominator: Array) -> Array:
   """`numerator / denominator`, 0 where the denominator is 0 (an all-masked batch)."""
   return jnp.where(denominator > 0, numerator / jnp.where(denominator > 0, denominator, 1.0), 0.0)
-
-
-def policy_loss(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
-                ref_logp: Optional[Array] = None, sampler_logp: Optional[Array] = None,
-                clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: Optional[float] = None,
-                kl_coef: float = 0.0, kl_estimator: str = "k3",
-                loss_agg: str = "seq-mean-token-mean", tis_cap: Optional[float] = None,
-                norm_length: Optional[float] = None) -> tuple[Array, dict[str, Array]]:
-  """PPO/GRPO clipped surrogate loss over taken tokens.
-
-  Per token, as verl's `compute_policy_loss_vanilla`: `max(-A*r, -A*clip(r, 1-clip_low,
-  1+clip_high))` with `r = exp(clamp(logp - old_logp, -20, 20))`; for A<0 capped at
-  `-A*dual_clip` when set (verl's clip_ratio_c, default 3); times the truncated importance
-  weight `min(exp(old_logp - sampler_logp), tis_cap)` when `tis_cap` is set; plus `kl_coef *
-  KL(logp, ref_logp)` (never in the reward; k3 clamped as verl's low_var_kl). Then aggregated
-  by `loss_agg`.
-
-  Args:
-    logp: `[B, T]` current taken-token logprobs (differentiated).
-    old_logp: `[B, T]` behaviour-policy logprobs (the trainer's, before this update).
-    advantages: `[B]` per-sequence advantages.
-    mask: `[B, T]` 1 on tokens that carry loss.
-    ref_logp: `[B, T]` frozen reference logprobs; required when `kl_coef > 0`.
-    sampler_logp: `[B, T]` the rollout engine's logprobs; required by `tis_cap`, reported as
-      `sampler_gap` when given.
-    clip_low, clip_high: asymmetric ratio clip range.
-    dual_clip: cap (> 1) for negative advantages, or None.
-    kl_coef: KL loss coefficient (0 disables KL).
-    kl_estimator: key of `KL_ESTIMATORS`.
-    loss_agg: key of `LOSS_AGGREGATIONS`.
-    tis_cap: truncated importance-sampling cap, or None.
-    norm_length: the constant length of `seq-mean-token-sum-norm` (its denominator is
-      rows x norm_length); required by that mode, ignored by the others.
-
-  Returns:
-    `(loss, metrics)`. `metrics` holds `loss_sum` and `loss_denominator` (the exact pair to
-    accumulate), `pg_loss`, `clip_frac`, `approx_kl` (0.5 * mean (logp - old_logp)^2), `ratio`
-    (mean), `ratio_max`, `kl` when KL is on, `sampler_gap` / `sampler_gap_max` with sampler
-    logprobs, `tis_weight` / `tis_capped_frac` with TIS, and the `tokens` / `sequences` counts. An all-zero mask raises when the mask is
-    concrete; under `jit` the loss is 0 and the train step skips the update.
-  """
-  if not isinstance(mask, jax.core.Tracer) and not bool(jnp.any(jnp.asarray(mask) > 0)):
-    raise ValueError("loss_mask is all zero: no token carries loss")
-  numerator, denominator, stats = policy_loss_terms(
-      logp, old_logp, advantages, mask, ref_logp=ref_logp, sampler_logp=sampler_logp,
-      clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef,
-      kl_estimator=kl_estimator, loss_agg=loss_agg, tis_cap=tis_cap, norm_length=norm_length)
-  metrics = finalize_stats(stats)
-  metrics["loss_sum"] = numerator
-  metrics["loss_denominator"] = denominator
-  return safe_divide(numerator, denominator), metrics

@@ -27,7 +27,7 @@ class GrpoConfig:
     advantage_mode: key of `ADVANTAGE_ESTIMATORS`.
     std_normalize: divide advantages by the group std.
     clip_low, clip_high, dual_clip, kl_coef, kl_estimator, loss_agg, tis_cap, norm_length: see
-      `policy_loss`.
+      `policy_loss_terms`.
     temperature: the sampling temperature of the rollouts (logits are divided by it).
     logprob_chunk_size: sequence chunk of the taken-token logprob scan.
     compute_entropy: report the mean policy entropy (one extra pass over each logits chunk).

@@ -1,6 +1,7 @@
 """Rollouts: token-in/token-out agent loop, in-process JAX engine, SGLang client and launcher.
 
-The SGLang-protocol HTTP server over the JAX engine is `bat_jax.rollout.server`.
+The SGLang-protocol HTTP server over the JAX engine is `bat_jax.rollout.server`
+(`python -m bat_jax.serve`).
 """
 
 from bat_jax.rollout.agent_loop import (AgentLoop, AgentTurn, Environment, PolicyAgent,
@@ -16,8 +17,7 @@ from bat_jax.rollout.sglang_client import (ContextLengthExceededError, ProtocolE
                                            ServerUnavailableError, WeightSyncTimes, sync_weights)
 from bat_jax.rollout.sglang_launcher import (SGLangLaunchConfig, ServerProcess, ServerStartError,
                                              free_port, sglang_command)
-from bat_jax.rollout.trajectory import (UNTRAINABLE_FINISH_REASONS, Trajectory, collate,
-                                        group_by_state)
+from bat_jax.rollout.trajectory import UNTRAINABLE_FINISH_REASONS, Trajectory, collate
 
 __all__ = [
     "AgentLoop", "AgentTurn", "Completion", "ContextLengthExceededError", "Engine", "Environment", "FINISH_REASONS",
@@ -25,6 +25,6 @@ __all__ = [
     "ProtocolError", "RequestRejectedError", "RetryPolicy", "RolloutItem", "RolloutLimits",
     "SGLangClient", "SGLangEngine", "SGLangError", "SGLangLaunchConfig", "SamplingParams",
     "Score", "ScriptedEngine", "ServerProcess", "ServerStartError", "ServerUnavailableError",
-    "TaskEnvironment", "Trajectory", "WeightSyncTimes", "collate", "free_port", "group_by_state",
+    "TaskEnvironment", "Trajectory", "WeightSyncTimes", "collate", "free_port",
     "UNTRAINABLE_FINISH_REASONS", "sglang_command", "sync_weights", "task_environments",
 ]

@@ -434,10 +434,5 @@ class PolicyAgent:
     error = parsed.error.message if parsed.error is not None else None
     return AgentTurn(tuple(parsed.actions), parsed.thought, error, c.finish_reason)
 
-  def next_action(self, messages: Sequence[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
-    """The first action of the next turn, or None when the policy stops (or is malformed)."""
-    turn = self(messages)
-    return turn.actions[0] if turn.actions else None
-
   def close(self) -> None:
     self.engine.release([self.session_id])

@@ -15,7 +15,7 @@ computes the new suffix.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
 
@@ -67,31 +67,6 @@ class SamplingParams:
     _check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
                                  and -(1 << 63) <= self.seed < (1 << 64)),
            "seed", self.seed, "None or a 64-bit integer")
-
-  @classmethod
-  def from_dict(cls, d: Mapping[str, Any], *, default_max_new_tokens: int = 256
-                ) -> "SamplingParams":
-    """Parses SGLang `sampling_params`; unknown or ill-typed fields raise, naming the field."""
-    if not isinstance(d, Mapping):
-      raise ValueError(f"sampling_params must be a JSON object, got {type(d).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)} - {"seed"} | {"sampling_seed"}
-    # Accepted for protocol compatibility; they only affect text, which we never trim.
-    ignored = {"skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens"}
-    unknown = sorted(set(d) - known - ignored)
-    if unknown:
-      raise ValueError(f"sampling_params has unknown field(s) {unknown}; "
-                       f"supported: {sorted(known)}")
-    kwargs = {k: d[k] for k in known if k in d and d[k] is not None}
-    kwargs.setdefault("max_new_tokens", default_max_new_tokens)
-    if "sampling_seed" in kwargs:  # SGLang's name
-      kwargs["seed"] = kwargs.pop("sampling_seed")
-    if "stop_token_ids" in kwargs:
-      stop = kwargs["stop_token_ids"]
-      _check(isinstance(stop, (list, tuple)), "stop_token_ids", stop, "a list of token ids")
-      kwargs["stop_token_ids"] = tuple(stop)
-    if isinstance(kwargs.get("temperature"), int):
-      kwargs["temperature"] = float(kwargs["temperature"])
-    return cls(**kwargs)
 
   def to_dict(self) -> dict[str, Any]:
     """SGLang `sampling_params` JSON (stop token kept in the output, specials kept in text)."""

@@ -15,7 +15,7 @@ about the policy.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -91,13 +91,6 @@ class Trajectory:
     """False for `error` and `aborted`: leave it out of the loss and of group statistics."""
     return self.finish_reason not in UNTRAINABLE_FINISH_REASONS
 
-  def metrics(self) -> dict[str, Any]:
-    """Scalars for logging (no tokens, no text)."""
-    return {"reward": self.reward, "finish_reason": self.finish_reason,
-            "turns": self.num_turns, "tool_calls": self.num_tool_calls,
-            "response_tokens": self.num_response_tokens, "malformed": self.num_malformed,
-            "length": len(self.token_ids), "trainable": self.trainable}
-
 
 def collate(trajectories: Sequence[Trajectory], *, max_len: Optional[int] = None,
             pad_id: int = 0) -> dict[str, np.ndarray]:
@@ -139,11 +132,3 @@ def collate(trajectories: Sequence[Trajectory], *, max_len: Optional[int] = None
           "rewards": np.array([t.reward for t in trajectories], np.float32),
           "group_ids": np.array([groups[t.state_id] for t in trajectories], np.int32),
           "trainable": np.array([t.trainable for t in trajectories], bool)}
-
-
-def group_by_state(trajectories: Sequence[Trajectory]) -> Mapping[str, list[Trajectory]]:
-  """state_id -> its G trajectories (advantages are computed within a group only)."""
-  out: dict[str, list[Trajectory]] = {}
-  for t in trajectories:
-    out.setdefault(t.state_id, []).append(t)
-  return out

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from bat_jax.stagebank.rl_rows import TaskDescription, TaskSource
@@ -92,15 +91,3 @@ def instance_for(row: Mapping[str, Any]) -> Any:
     raise ValueError(f"row {info['state_id']}: regenerated workspace digest {digest} differs "
                      f"from provenance.source_digest {info['provenance']['source_digest']}")
   return instance
-
-
-def materialize_row(row: Mapping[str, Any], root: Path, sandbox_limits: Any = None, *,
-                    cache_dir: Path | None = None) -> tuple[Any, Any]:
-  """(instance, Sandbox) for a rollout from an RL row: the workspace at the row's boundary."""
-  from bat_jax import train_tasks
-  from bat_jax.sandbox import SandboxLimits
-  instance = instance_for(row)
-  limits = sandbox_limits if sandbox_limits is not None else SandboxLimits()
-  boundary = row["extra_info"]["workspace_recipe"]["boundary_stage"]
-  sandbox = train_tasks.materialize_at(instance, boundary, Path(root), limits, cache_dir=cache_dir)
-  return instance, sandbox

@@ -3,7 +3,7 @@
 from bat_jax.train.logprob_pass import LogprobPassConfig, build_logprob_fn
 from bat_jax.train.step import (REMAT_POLICIES, SCHEDULES, Batch, LossFn, OptimizerConfig,
                                 RematPolicy, StepConfig, StepShardings, TrainState,
-                                build_step_fn, cast_floating, compile_step, init_train_state,
+                                build_step_fn, cast_floating, init_train_state,
                                 make_optimizer, make_schedule, make_train_step, memory_report,
                                 split_micro_batches, split_model, step_shardings,
                                 train_state_shardings)

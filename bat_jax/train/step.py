@@ -325,11 +325,6 @@ def make_train_step(step_fn: Callable[..., tuple[TrainState, dict]],
                  donate_argnums=donate_argnums)
 
 
-def compile_step(jitted, state: TrainState, batch: Batch, frozen: Mapping[str, Any]):
-  """Ahead-of-time compiles `jitted` for these (possibly abstract) arguments."""
-  return jitted.lower(state, batch, frozen).compile()
-
-
 def memory_report(compiled) -> dict[str, int]:
   """Bytes per category from XLA's memory analysis of a compiled step ({} when unavailable)."""
   analysis = compiled.memory_analysis()

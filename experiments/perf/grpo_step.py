@@ -78,7 +78,7 @@ def _jax_step(hf_dict: dict, args, out_dir: str):
   batch = jax.device_put(grpo_batch(args.batch, args.seq, hf_dict["vocab_size"]))
   frozen = {"rest": rest, "ref_params": None}
   state = train.init_train_state(params, optimizer, seed=0)
-  compiled = train.compile_step(train.make_train_step(step_fn), state, batch, frozen)
+  compiled = train.make_train_step(step_fn).lower(state, batch, frozen).compile()  # AOT
   holder = {"state": state}
 
   def step():
@@ -249,7 +249,7 @@ def mfu(args) -> None:
   batch = jax.device_put(grpo_batch(args.batch, args.seq, cfg.vocab_size))
   frozen = {"rest": rest, "ref_params": None}
   state = train.init_train_state(params, optimizer, seed=0)
-  compiled = train.compile_step(train.make_train_step(step_fn), state, batch, frozen)
+  compiled = train.make_train_step(step_fn).lower(state, batch, frozen).compile()  # AOT
   holder = {"state": state}
 
   def step():

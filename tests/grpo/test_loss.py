@@ -1,4 +1,4 @@
-"""policy_loss against an independent NumPy reference, for every mode; gradients; invariants."""
+"""The policy loss (policy_loss_terms) against an independent NumPy reference, for every mode; gradients; invariants."""
 
 import itertools
 
@@ -7,10 +7,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bat_jax.grpo import KL_ESTIMATORS, LOSS_AGGREGATIONS, policy_loss
+from bat_jax.grpo import (KL_ESTIMATORS, LOSS_AGGREGATIONS, finalize_stats, policy_loss_terms,
+                          safe_divide)
 
 
 NORM_LENGTH = 13.0  # seq-mean-token-sum-norm's constant; deliberately not the padded length
+
+
+def policy_loss(*args, **kwargs):
+  """(loss, per-token means) from the terms, as the GRPO objective combines them."""
+  numerator, denominator, stats = policy_loss_terms(*args, **kwargs)
+  metrics = finalize_stats(stats)
+  metrics["loss_sum"], metrics["loss_denominator"] = numerator, denominator
+  return safe_divide(numerator, denominator), metrics
 
 
 def reference_loss(xp, logp, old_logp, adv, mask, ref_logp, *, clip_low, clip_high, dual_clip,
@@ -151,8 +160,6 @@ def test_bad_inputs():
     policy_loss(logp, old[:, :8], adv, mask)
   with pytest.raises(ValueError, match="advantages has shape \\(5,\\)"):
     policy_loss(logp, old, adv[:5], mask)
-  with pytest.raises(ValueError, match="loss_mask is all zero"):
-    policy_loss(logp, old, adv, np.zeros_like(mask))
   with pytest.raises(ValueError, match="kl_coef > 0 needs ref_logp"):
     policy_loss(logp, old, adv, mask, kl_coef=0.1)
   with pytest.raises(ValueError, match="tis_cap needs sampler_logp"):
@@ -161,7 +168,8 @@ def test_bad_inputs():
     policy_loss(logp, old, adv, mask, dual_clip=0.5)
   with pytest.raises(ValueError, match="seq-mean-token-sum-norm' needs norm_length"):
     policy_loss(logp, old, adv, mask, loss_agg="seq-mean-token-sum-norm")
-  # Under jit an all-zero mask cannot raise: the loss is a documented 0, never NaN.
+  # An all-zero mask (eager or under jit) is a documented 0 loss, never NaN.
+  assert float(policy_loss(logp, old, adv, np.zeros_like(mask))[0]) == 0.0
   loss = jax.jit(lambda m: policy_loss(logp, old, adv, m)[0])(np.zeros_like(mask))
   assert float(loss) == 0.0
 

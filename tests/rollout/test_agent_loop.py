@@ -189,8 +189,9 @@ def test_policy_agent_answers_the_evaluator_protocol(chat):
   agent = PolicyAgent(ScriptedEngine(chat, lambda s, k: answers[k]), chat)
   turn = agent(list(MESSAGES))
   assert not turn.stop and turn.actions[0]["arguments"] == a["arguments"]
-  assert agent.next_action(list(MESSAGES) + [{"role": "assistant", "action": a},
-                                             {"role": "tool", "content": "exit_code=0"}]) is None
+  done = agent(list(MESSAGES) + [{"role": "assistant", "action": a},
+                                 {"role": "tool", "content": "exit_code=0"}])
+  assert done.stop and not done.actions and "All done." in done.thought
   bad = agent(list(MESSAGES))
   assert bad.error and not bad.stop and not bad.actions
   agent.close()

@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from bat_jax.rollout.sglang_launcher import (SGLangLaunchConfig, ServerProcess, ServerStartError,
-                                             free_port, group_alive, sglang_command)
+                                             free_port, sglang_command)
+from tests.rollout.process_checks import group_alive
 
 # A stand-in server: starts a grandchild that would outlive a careless shutdown, then answers
 # /health after a short warm-up (like SGLang loading weights).

@@ -23,6 +23,7 @@ from bat_jax.rollout.sglang_client import (ProtocolError, RequestRejectedError, 
                                            SGLangClient, SGLangEngine, ServerUnavailableError,
                                            parse_generate_response)
 from bat_jax.rollout.server import ServeApp, ServedModel, serve_in_thread
+from bat_jax.rollout.server.params import RequestError, sglang_sampling
 from rollout_fixtures import LONG_ENGINE, SMALL_ENGINE
 
 CFG = SMALL_ENGINE
@@ -190,11 +191,14 @@ def test_4xx_is_not_retried_and_protocol_errors_are_named():
 
 
 def test_sampling_params_round_trip_the_sglang_json():
+  """What the client sends is what an SGLang-protocol server (ours) runs."""
   sp = SamplingParams(max_new_tokens=9, temperature=0.7, top_p=0.9, top_k=20,
-                      stop_token_ids=(1, 2))
-  assert SamplingParams.from_dict(json.loads(json.dumps(sp.to_dict()))) == sp
-  with pytest.raises(ValueError, match=r"unknown field\(s\) \['temprature'\]"):
-    SamplingParams.from_dict({"temprature": 1.0})
+                      stop_token_ids=(1, 2), seed=-3)
+  served = sglang_sampling(json.loads(json.dumps(sp.to_dict())), vocab_size=100,
+                           eos_token_ids=(), max_stop_ids=8)
+  assert served.engine_params(sp.max_new_tokens, vocab_size=100) == sp
+  with pytest.raises(RequestError, match="temprature"):
+    sglang_sampling({"temprature": 1.0}, vocab_size=100, eos_token_ids=(), max_stop_ids=8)
 
 
 class _Recording:

@@ -17,7 +17,7 @@ from flax import nnx
 from bat_jax.bicurl.policy import SGLangPolicyServer, make_policy_server
 from bat_jax.config_validation import validate_config
 from bat_jax.rollout.engine import GenerateRequest, SamplingParams
-from bat_jax.rollout.sglang_launcher import group_alive
+from tests.rollout.process_checks import group_alive
 from configs import tiny
 
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)

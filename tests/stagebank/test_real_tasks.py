@@ -7,6 +7,7 @@ import pytest
 from bat_jax import markers
 from bat_jax import train_tasks
 from bat_jax import workflow
+from bat_jax.rollout.agent_loop import RolloutItem, TaskEnvironment
 from bat_jax.stagebank import build
 from bat_jax.stagebank import leakcheck
 from bat_jax.stagebank import rounds
@@ -60,9 +61,13 @@ def test_every_expert_action_passes_the_leak_check():
   assert n > 100
 
 
-def test_materialize_row_rebuilds_the_boundary_workspace(built, tmp_path, require_bwrap):
+def test_a_row_rebuilds_its_boundary_workspace(built, tmp_path, require_bwrap):
+  """The rollout's path: the row's instance (digest-checked) in a TaskEnvironment."""
   row = next(r for r in built.pools["s_target"] if r["extra_info"]["target_stage"] == "S4")
-  instance, sandbox = task_source.materialize_row(row, tmp_path / "ws")
+  instance = task_source.instance_for(row)
+  item = RolloutItem.from_row(row, instance)
+  assert item.focus == row["extra_info"]["workspace_recipe"]["boundary_stage"] == "S4"
+  sandbox = TaskEnvironment(item, tmp_path / "ws").sandbox
   assert instance.task_id == row["extra_info"]["provenance"]["task_id"]
   for stage in ("S1", "S2", "S3"):  # handoff artifacts of the earlier stages are present
     for d in workflow.STAGE_DIRS[stage]:

@@ -12,7 +12,7 @@ from flax import nnx
 from bat_jax import sharding
 from bat_jax.grpo import GrpoConfig, grpo_loss_fn, taken_token_logprobs
 from bat_jax.model import CausalLM
-from bat_jax.train import (OptimizerConfig, StepConfig, build_step_fn, compile_step,
+from bat_jax.train import (OptimizerConfig, StepConfig, build_step_fn,
                            init_train_state, make_optimizer, make_schedule, make_train_step,
                            memory_report, split_model, step_shardings)
 from policy_fixtures import grpo_batch, tiny_model
@@ -107,7 +107,7 @@ def test_sharded_step_on_8_devices_equals_unsharded(full_batch_update):
 
 def test_aot_compiled_remat_step_with_donation(full_batch_update):
   step_fn, state, frozen, _ = make(micro=2, remat="full")
-  compiled = compile_step(make_train_step(step_fn, donate=True), state, BATCH, frozen)
+  compiled = make_train_step(step_fn, donate=True).lower(state, BATCH, frozen).compile()
   report = memory_report(compiled)
   assert report["argument_size_in_bytes"] > 0 and "temp_size_in_bytes" in report
   assert_same_update(compiled(state, BATCH, frozen), full_batch_update)

@@ -161,5 +161,5 @@ def test_cli_serves_a_checkpoint_under_the_launcher(model, tokenizer_dir, tmp_pa
         "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}}).json()
     assert len(out["meta_info"]["output_token_logprobs"]) == 3
     pgid = server.pid
-  from bat_jax.rollout.sglang_launcher import group_alive
+  from tests.rollout.process_checks import group_alive
   assert not group_alive(pgid)

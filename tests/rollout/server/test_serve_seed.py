@@ -120,5 +120,4 @@ def test_seed_helpers():
   assert len(seeds) == 16 and all(0 <= s < 1 << 64 for s in seeds)
   with pytest.raises(ValueError, match="seed"):
     SamplingParams(seed=1 << 64)
-  sp = SamplingParams(seed=-3)
-  assert sp.to_dict()["sampling_seed"] == -3 and SamplingParams.from_dict(sp.to_dict()) == sp
+  assert SamplingParams(seed=-3).to_dict()["sampling_seed"] == -3
