@@ -1,9 +1,9 @@
 r"""The shared config tree, with the BaT reference recipe as its defaults.
 
 Every config (`tiny.py`, `bat4b.py`, `bat9b.py`) starts from `base_config()` and overrides only
-what differs. The recipe values come from the public BaT release
-(its bat-reference.json, bundled as tests/configs/bat-reference.json and checked there); values the release does
-not state are marked "not in the release" and are this project's choice.
+what differs. The recipe values come from the public BaT release (its
+bat-reference.json, bundled as tests/configs/bat-reference.json and checked there); values the
+release does not state are marked "not in the release" and are this project's choice.
 
 Configs are locked, nested ml_collections ConfigDicts: overrides such as
 `--config.grpo.lr=1e-6` work, a misspelt field fails, and `bat_jax.config_validation.
@@ -293,46 +293,6 @@ def trajectory_token_cap(limits: ml_collections.ConfigDict) -> int:
             + limits.max_tool_calls * (limits.max_observation_chars + OBSERVATION_OVERHEAD_TOKENS)
             + limits.max_assistant_turns * TURN_OVERHEAD_TOKENS)
   return -(-tokens // 512) * 512
-
-
-def reference_gpu_config(arg: Optional[str], default_ckpt: str) -> ml_collections.ConfigDict:
-  """BaT-4B/9B: the reference recipe on a local Qwen3.5 checkpoint, 8 GPUs per host.
-
-  Trainer and SGLang share each host's 8 GPUs (8 rollout replicas, TP 1, as in the release), so
-  both memory fractions are set. Params, grads and AdamW state are FSDP-sharded over the 8 GPUs
-  of a host; `data` spans hosts (jax.distributed). `arg`: `ckpt=DIR` (the local checkpoint,
-  tokenizer files included), `hosts=N` (processes for jax.distributed; 1 = single host).
-  """
-  arg = parse_arg(arg, ckpt=default_ckpt, hosts=1)
-  c = base_config()
-  c.model.source = "pretrained"
-  c.model.path = arg.ckpt
-  c.tokenizer.source = "pretrained"
-  c.tokenizer.path = arg.ckpt
-  c.mesh.data, c.mesh.fsdp, c.mesh.tensor = -1, 8, 1
-  c.distributed.enabled = arg.hosts > 1
-  if arg.hosts > 1:
-    c.distributed.num_processes = arg.hosts
-  c.trainer.weight_dtype = "bfloat16"     # bf16 gathers and matmuls, fp32 master weights
-  c.trainer.reference_dtype = "bfloat16"  # the frozen KL reference
-  c.rollout.limits.max_context_tokens = trajectory_token_cap(c.rollout.limits)
-  c.rollout.jax.max_len = c.rollout.limits.max_context_tokens
-  # One 8x80 GB node, time-shared (README "GPU memory layout"): SGLang releases its weights and
-  # KV pool around every train step; JAX keeps no pool, so between steps it holds only params,
-  # moments and the bf16 reference (14.6 GiB per GPU at 9B), and SGLang's static share (60% of
-  # the GPU, taken at start-up while JAX holds nothing) fits beside them.
-  c.memory.layout = "timeshare"
-  c.memory.device_gib = 80.0
-  c.memory.rollout_reserved_gib = 4.0
-  c.distributed.xla_mem_fraction = None
-  c.rollout.engine = "sglang"
-  c.rollout.sglang.python = ".venv-sglang/bin/python"
-  c.rollout.sglang.release_memory = True  # timeshare: weights + KV pool freed around each train step
-  c.rollout.sglang.mem_fraction_static = 0.6
-  c.rollout.sglang.tp_size = 1
-  c.rollout.sglang.dp_size = 8
-  c.lock()
-  return c
 
 
 def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:

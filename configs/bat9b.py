@@ -4,8 +4,7 @@ r"""BaT-9B: the BaT reference recipe on a local Qwen3.5-9B checkpoint, SGLang ro
   # several hosts (run on each; jax.distributed finds the coordinator on SLURM / GKE):
   python launch.py --config=configs/bat9b.py:ckpt=/models/Qwen3.5-9B,hosts=2 --workdir=...
 
-The recipe itself (SFT, GRPO, limits, Stage Bank round view, gate, argmin curriculum) is
-`configs/base.py`'s defaults, checked against the release's bat-reference.json by tests.
+The recipe is shared with the other size: `configs/qwen_reference.py`.
 """
 
 from __future__ import annotations
@@ -14,11 +13,9 @@ from typing import Optional
 
 import ml_collections
 
-from configs import base
-
-DEFAULT_CHECKPOINT = "/models/Qwen3.5-9B"
+from configs import qwen_reference
 
 
 def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
   """`arg`: `ckpt=DIR` (local Qwen3.5-9B with tokenizer files), `hosts=N`."""
-  return base.reference_gpu_config(arg, DEFAULT_CHECKPOINT)
+  return qwen_reference.get_reference_config("9B", arg)

@@ -22,35 +22,10 @@ distribution the sampler drew from, with logits from `model.hidden_states` and
 Params are swapped in place (`update_params`); cached sessions are dropped because their
 state was computed with the old weights (SGLang flushes its cache for the same reason).
 
-Scaling past one host (jax.distributed)
----------------------------------------
-Every host runs its own engine on its own rollouts; nothing is collective during rollout.
-With N hosts x 8 GPUs:
-
-* Co-located (trainer and rollouts share each node): `jax.distributed.initialize()` spans all
-  N*8 devices for the sharded GRPO step, with the mesh laid out data=N (across hosts) x
-  fsdp*tensor=8 (within a host). Then every host's 8 devices hold one complete copy of the
-  params, sharded 8 ways, and the host's engine is built on those *local* shards (a mesh of
-  `jax.local_devices()` with the same logical rules, arrays rebuilt from `addressable_shards`),
-  so a param swap after each update moves nothing between hosts. Each host gets `rows / N`
-  Stage Bank rows (split by `jax.process_index()`, whole `state_id` groups per host so the G
-  continuations of a state share a host and a baseline), and the trajectories come back into
-  the global batch with `jax.make_array_from_process_local_data`. Trainer and engine share
-  HBM: params once, optimizer state, plus the engine's cache of `num_slots` x `max_len`. With
-  SGLang instead of the JAX engine each node runs one SGLang server (TP 8, or DP 8 for small
-  models) next to the trainer; GPU memory is split with `XLA_PYTHON_CLIENT_MEM_FRACTION` +
-  `mem_fraction_static` < 1 and weights are synced from local NVMe by
-  `update_weights_from_disk` (every host exports its own copy, no shared filesystem needed).
-* Separate nodes (T trainer hosts, R rollout hosts, T + R = N): the trainer's
-  `jax.distributed` job spans only the T*8 training devices. Each rollout host runs an SGLang
-  server (or `python -m bat_jax.serve`) on its 8 GPUs; the trainer's host 0 exports HF
-  safetensors to shared storage once per step and calls `update_weights_from_disk` on every
-  server (`SGLangEngine.sync_weights`), and the agent loops on the trainer hosts talk to the
-  servers over HTTP (rows split by process index, one server list per host). This decouples
-  rollout memory from training memory at the cost of a disk round trip per weight sync.
-
-Status: the single-host engine is tested on CPU; the multi-host placement above is the plan
-(the engine jits on whatever shardings its params carry) and has not been run on GPUs here.
+Multi-host: each host runs its own engine on its own rollouts (nothing is collective during a
+rollout); the engine jits on whatever shardings its params carry, so it runs on a host's local
+shards unchanged. `bicurl.multihost` splits the rows (whole state_id groups per host). Only the
+single-host engine is tested (CPU).
 """
 
 from __future__ import annotations

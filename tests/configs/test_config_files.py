@@ -10,7 +10,7 @@ from ml_collections import config_flags
 
 from bat_jax import curriculum, gate, workflow
 from bat_jax.config_validation import ConfigError, validate_config
-from configs import base, bat4b, bat9b, tiny, tiny_sweeps
+from configs import base, bat4b, bat9b, qwen_reference, tiny, tiny_sweeps
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # An unchanged copy of the public BaT release's bat-reference.json (MIT, per the release's
@@ -147,14 +147,17 @@ def test_gpu_configs_use_local_checkpoints_sglang_and_an_8_gpu_mesh():
     assert cfg.distributed.enabled is False
   multi = bat9b.get_config("hosts=4")
   assert multi.distributed.enabled and multi.distributed.num_processes == 4
+  with pytest.raises(ValueError, match="'13B'"):
+    qwen_reference.get_reference_config("13B")
 
 
-@pytest.mark.parametrize("module", [bat4b, bat9b], ids=["bat4b", "bat9b"])
-def test_gpu_configs_match_the_reference_recipe(module):
-  cfg = module.get_config()
-  train = REFERENCE["training"]
-  sft, grpo, turns = train["cold_start_sft"], train["grpo"], train["multi_turn"]
+GPU_CONFIGS = pytest.mark.parametrize("module", [bat4b, bat9b], ids=["bat4b", "bat9b"])
+TRAINING = REFERENCE["training"]
 
+
+@GPU_CONFIGS
+def test_gpu_configs_match_the_reference_sft(module):
+  cfg, sft = module.get_config(), TRAINING["cold_start_sft"]
   assert cfg.model.dtype == {"bf16": "bfloat16"}[sft["precision"]]
   assert cfg.sft.max_seq_len == sft["max_sequence_tokens"]
   assert cfg.sft.global_batch_size == sft["global_batch_size"]
@@ -168,6 +171,10 @@ def test_gpu_configs_match_the_reference_recipe(module):
   assert cfg.sft.checkpoint.every == sft["checkpoint_interval_steps"]
   assert cfg.sft.checkpoint.keep == sft["checkpoint_retention"]
 
+
+@GPU_CONFIGS
+def test_gpu_configs_match_the_reference_grpo_and_topology(module):
+  cfg, grpo = module.get_config(), TRAINING["grpo"]
   assert cfg.grpo.rounds == grpo["reference_rounds"]
   assert cfg.grpo.steps_per_round == grpo["steps_per_round"]
   assert cfg.grpo.prompt_groups == grpo["prompt_groups_per_batch"]
@@ -185,18 +192,30 @@ def test_gpu_configs_match_the_reference_recipe(module):
   assert cfg.rollout.sglang.tp_size == topology["rollout_tensor_parallel_size"]
   assert cfg.rollout.sglang.dp_size == topology["rollout_replicas"]
 
+
+@GPU_CONFIGS
+def test_gpu_configs_match_the_reference_turn_limits(module):
+  cfg, turns = module.get_config(), TRAINING["multi_turn"]
   assert cfg.rollout.limits.max_assistant_turns == turns["max_assistant_turns"]
   assert cfg.rollout.limits.max_tool_calls == turns["max_tool_calls"]
   assert cfg.rollout.limits.max_tool_calls == turns["max_tool_response_turns"]
   assert cfg.rollout.limits.max_response_tokens == turns["max_cumulative_response_tokens"]
   assert cfg.rollout.limits.max_observation_chars == turns["max_tool_observation_characters"]
 
+
+@GPU_CONFIGS
+def test_gpu_configs_match_the_reference_round_view(module):
+  cfg = module.get_config()
   view = REFERENCE["data"]["round_view"]
   assert cfg.curriculum.pool_mix.to_dict() == view["pool_rows_per_batch"]
   assert sum(cfg.curriculum.pool_mix.to_dict().values()) == view["rows_per_batch"]
   assert cfg.stagebank.n_batches == view["complete_batches"]
   assert cfg.stagebank.n_batches * view["rows_per_batch"] == view["rows"]
 
+
+@GPU_CONFIGS
+def test_gpu_configs_match_the_reference_gate(module):
+  cfg = module.get_config()
   ref_gate = REFERENCE["promotion_gate"]
   assert cfg.gate.max_overall_drop == ref_gate["maximum_overall_drop"]
   assert cfg.gate.max_task_drop == ref_gate["maximum_task_drop"]
@@ -206,6 +225,10 @@ def test_gpu_configs_match_the_reference_recipe(module):
   assert cfg.gate.catastrophic_overall_drop == ref_gate["catastrophic_overall_drop"]
   assert gate.GateThresholds.from_config(cfg.gate) == gate.GateThresholds()
 
+
+@GPU_CONFIGS
+def test_gpu_configs_match_the_reference_target_selection(module):
+  cfg, view = module.get_config(), REFERENCE["data"]["round_view"]
   selection = REFERENCE["target_selection"]
   assert cfg.curriculum.mode == "argmin"
   assert tuple(selection["stage_order"]) == workflow.STAGES
