@@ -1,6 +1,6 @@
 """Qwen3 / Qwen3.5 causal decoder in Flax NNX, with an incremental-decode cache.
 
-Call contract (see the team contracts):
+Call signature (what the trainer, the engines and the tests rely on):
 
     model(input_ids [B, T], *, positions=None, cache=None, valid=None)
       -> logits [B, T, V]                  (cache is None)

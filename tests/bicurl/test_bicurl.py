@@ -1,22 +1,25 @@
 """BiCuRL outer loop: pieces (batching, state, report) and a short end-to-end run.
 
-The end-to-end run uses `tests/bicurl/fast_config.py` (tiny:smoke, shrunk further). The
-SIGKILL-and-resume check and the launch.py checks live in tests/bicurl/.
+The end-to-end run uses `tests/bicurl/fast_config.py` (tiny:smoke, shrunk further); one run is
+shared by the end-to-end tests, each checking one concern. The SIGKILL-and-resume check and the
+launch.py checks have their own files.
 """
 
 import json
+import shutil
 
 import jax
 import numpy as np
 import pytest
 
-from bat_jax import curriculum, workflow
-from bat_jax.bicurl import OuterState, RoundRecord, run
+from bat_jax import workflow
+from bat_jax.bicurl import OuterState, RoundRecord, RunPaths, run
 from bat_jax.bicurl.grpo_round import bucket_length, grpo_config, rollout_batch
 from bat_jax.bicurl.report import PLOTS, build_report, markdown
 from bat_jax.bicurl.setup import sft_states
+from bat_jax.bicurl.state import STATE_FILE, round_policy_name
 from bat_jax.rollout import Trajectory
-from bat_jax.stagebank import grid
+from bat_jax.stagebank import grid, shards
 from tests.bicurl.fast_config import fast_config
 
 
@@ -82,69 +85,85 @@ def test_corrupt_outer_state_is_named(tmp_path):
     OuterState.load(tmp_path)
 
 
-@pytest.fixture
-def compilation_cache(tmp_path):
-  """A persistent XLA cache for the test (what launch.py sets per run): the SFT step compiled
-  ahead of time for its memory analysis is then not compiled a second time."""
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+  """One short end-to-end run, shared by the tests below: (config, run paths, report).
+
+  A persistent XLA cache is set for the run (what launch.py sets per run), so the SFT step
+  compiled ahead of time for its memory analysis is not compiled a second time."""
+  if shutil.which("bwrap") is None:
+    pytest.skip("bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
+  tmp = tmp_path_factory.mktemp("bicurl")
   keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
   saved = {k: getattr(jax.config, k) for k in keys}
-  jax.config.update(keys[0], str(tmp_path / "xla_cache"))
+  jax.config.update(keys[0], str(tmp / "xla_cache"))
   jax.config.update(keys[1], 0.0)
-  yield
-  for k, v in saved.items():
-    jax.config.update(k, v)
+  try:
+    cfg = fast_config()
+    paths = RunPaths(tmp / "run")
+    yield cfg, paths, run(cfg, paths.workdir)
+  finally:
+    for k, v in saved.items():
+      jax.config.update(k, v)
 
 
-def test_end_to_end_tiny_run_artifacts_and_round_structure(tmp_path, require_bwrap,
-                                                            compilation_cache):
-  cfg = fast_config()
-  report = run(cfg, tmp_path / "run")
-  tmp_path = tmp_path / "run"
-  rounds = cfg.grpo.rounds
+def _policies(cfg) -> list[str]:
+  return ["sft"] + [round_policy_name(r) for r in range(cfg.grpo.rounds)]
 
-  # Artifacts.
-  for name in ("report.json", "report.md", "outer_state.json", *PLOTS):
-    assert (tmp_path / name).is_file(), name
-  assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
-  assert json.loads((tmp_path / "report.json").read_text()) == report
-  for policy in ["sft"] + [f"round_{r:03d}" for r in range(rounds)]:
-    assert (tmp_path / "policies" / policy / "config.json").is_file()
-    assert list((tmp_path / "policies" / policy).glob("*.safetensors"))
-    assert (tmp_path / "evals" / f"{policy}.json").is_file()
-  for r in range(rounds):
-    assert (tmp_path / "stagebank" / f"round_{r:06d}" / "manifest.json").is_file()
-    assert (tmp_path / "ckpt" / f"round_{r:03d}").is_dir()
 
-  # Round structure: targets from the curriculum, the gate decides the next start.
-  state = OuterState.load(tmp_path)
-  assert [e["policy"] for e in report["evaluations"]] == \
-      ["sft"] + [f"round_{r:03d}" for r in range(rounds)]
-  assert len(state.rounds) == rounds
-  assert state.rounds[0].target == curriculum.select_target(
-      state.evaluations["sft"]["stage_scores"])
+def test_end_to_end_run_writes_every_artifact(finished_run):
+  cfg, paths, report = finished_run
+  for name in ("report.json", "report.md", STATE_FILE, *PLOTS):
+    assert (paths.workdir / name).is_file(), name
+  assert list(paths.tensorboard.glob("events.out.tfevents.*"))
+  assert json.loads((paths.workdir / "report.json").read_text()) == report
+  for policy in _policies(cfg):
+    assert (paths.policy(policy) / "config.json").is_file()
+    assert list(paths.policy(policy).glob("*.safetensors"))
+    assert paths.eval_report(policy).is_file()
+  for r in range(cfg.grpo.rounds):
+    assert (paths.stagebank / shards.round_dirname(r) / "manifest.json").is_file()
+    assert paths.round_checkpoints(r).is_dir()
+  for phase in ("sft", "evaluation", "rollout", "update"):
+    assert report["phase_seconds"][phase] > 0, phase
+
+
+def test_end_to_end_rounds_follow_the_curriculum_and_the_gate(finished_run):
+  cfg, paths, report = finished_run
+  state = OuterState.load(paths.workdir)
+  assert [e["policy"] for e in report["evaluations"]] == _policies(cfg)
+  assert len(state.rounds) == cfg.grpo.rounds
+  # argmin: the first target is the SFT policy's weakest scored stage (ties -> earliest).
+  sft_scores = {s: v for s, v in state.evaluations["sft"]["stage_scores"].items()
+                if v is not None}
+  assert state.rounds[0].target == min(sft_scores, key=lambda s: (sft_scores[s],
+                                                                   workflow.STAGES.index(s)))
   baseline = "sft"
   for r, rec in enumerate(state.rounds):
     assert rec.round == r and rec.start_policy == baseline
     assert [s["step"] for s in rec.steps] == list(range(1, cfg.grpo.steps_per_round + 1))
     assert all(np.isfinite(s["loss"]) and "reward_mean" in s for s in rec.steps)
     assert rec.promoted == rec.gate["passed"] and "training_healthy" in rec.gate["checks"]
-    # Tied rewards in every group give no signal: no update (not even a KL-only Adam step).
+    baseline = rec.candidate if rec.promoted else baseline
+  assert state.baseline == baseline == report["baseline"]
+
+
+def test_end_to_end_steps_without_signal_change_no_weights(finished_run):
+  """Tied rewards in every group give no signal: no update (not even a KL-only Adam step)."""
+  _, paths, _ = finished_run
+  weights = lambda p: sorted(f.read_bytes() for f in paths.policy(p).glob("*.safetensors"))
+  for rec in OuterState.load(paths.workdir).rounds:
     for s in rec.steps:
       assert s["no_signal"] in (0.0, 1.0)
       if s["no_signal"]:
         assert s["update_applied"] == 0 and s["grad_norm"] == 0
     if all(s["no_signal"] for s in rec.steps):
-      weights = lambda p: sorted(f.read_bytes() for f in (tmp_path / "policies" / p).glob(
-          "*.safetensors"))
       assert weights(rec.candidate) == weights(rec.start_policy)
-    baseline = rec.candidate if rec.promoted else baseline
-  assert state.baseline == baseline == report["baseline"]
-  for phase in ("sft", "evaluation", "rollout", "update"):
-    assert report["phase_seconds"][phase] > 0, phase
 
-  # Finished: a rerun on the same directory does no work and returns the same report.
-  again = run(cfg, tmp_path)
-  assert again["evaluations"] == report["evaluations"]
+
+def test_end_to_end_rerun_of_a_finished_run_returns_its_report(finished_run):
+  cfg, paths, report = finished_run
+  assert run(cfg, paths.workdir)["evaluations"] == report["evaluations"]
 
 
 def test_resume_with_another_config_is_refused_naming_the_field(tmp_path):
