@@ -55,8 +55,8 @@ from bat_jax.sandbox import workspace as workspace_lib
 # Re-exported: callers know these as bwrap.*.
 from bat_jax.sandbox.command import (INSTALL_HINT, SANDBOX_WORKSPACE, SETPRIV,  # noqa: F401
                                      SYSTEM_PYTHON, USERNS, SandboxLimits,
-                                     SandboxUnavailableError, _tools, bwrap_argv, call_rlimits,
-                                     launch_as)
+                                     SandboxUnavailableError, bwrap_argv, call_rlimits,
+                                     host_tools, launch_as)
 from bat_jax.sandbox.process import Completed, call_fds, run_bwrap
 
 # argv strings cannot exceed MAX_ARG_STRLEN (32 pages) on Linux; stay below it.
@@ -223,6 +223,11 @@ class Sandbox:
     self._stage = workspace_lib.neutral_stage(self.workspace)
     if self._stage is not None:
       weakref.finalize(self, workspace_lib.remove_stage, str(self._stage))
+
+  @property
+  def launcher(self) -> Optional[launcher_lib.Launcher]:
+    """The launcher serving this Sandbox's calls: None before the first call and after close."""
+    return self._launcher_now
 
   def close(self) -> None:
     """Stops this Sandbox's launcher and removes its memory cgroup now (garbage collection does

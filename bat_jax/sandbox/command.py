@@ -57,7 +57,7 @@ _BWRAP_PROCS = 2
 
 
 @functools.lru_cache(maxsize=None)
-def _tools(setpriv: bool) -> dict[str, str]:
+def host_tools(setpriv: bool) -> dict[str, str]:
   """Absolute paths of the host binaries the sandbox needs; SandboxUnavailableError if missing."""
   needed = ["bwrap", "prlimit"] + (["setpriv"] if setpriv else [])
   found = {name: shutil.which(name) for name in needed}
@@ -116,7 +116,7 @@ def bwrap_argv(*, limits: SandboxLimits, host_uid: Optional[int], command: list[
     command: interpreter argv, e.g. ["/usr/bin/python3", "-c", code].
     mode: USERNS, or SETPRIV (root only: `setpriv` inside drops to host_uid).
   """
-  tools = _tools(mode == SETPRIV)
+  tools = host_tools(mode == SETPRIV)
   scratch = str(limits.max_workspace_mb << 20)
   argv = [tools["bwrap"], "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
           "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox"]

@@ -77,6 +77,11 @@ class Launcher:
       self.close()
       raise
 
+  @property
+  def pid(self) -> int:
+    """The launcher process's pid."""
+    return self._proc.pid
+
   def alive(self) -> bool:
     """Running, and this process's (not a forked copy's)."""
     return os.getpid() == self._owner and self._proc.poll() is None

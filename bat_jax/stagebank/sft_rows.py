@@ -34,7 +34,7 @@ SFT_POOL = "sft"
 LOSS_MASK = {"messages": 0, "target_reasoning_summary": 1, "target_action": 1, "padding": 0}
 
 
-def _neutral_action(action: Mapping[str, Any]) -> dict[str, Any]:
+def neutral_action(action: Mapping[str, Any]) -> dict[str, Any]:
   """Validates an expert action and returns its model-neutral {name, arguments, thought}."""
   name, args = action.get("name"), action.get("arguments")
   if name != workflow.TOOL_NAME:
@@ -59,7 +59,7 @@ def target_action(row: Mapping[str, Any]) -> dict[str, Any]:
 def focus_actions(tasks_module: Any, instance: Any, focus: str) -> list[dict[str, Any]]:
   """The expert's actions of one focus (E2E: every stage's, in order), model-neutral."""
   stages = workflow.STAGES if focus == workflow.E2E else (focus,)
-  return [_neutral_action(a) for s in stages for a in tasks_module.expert_actions(instance, s)]
+  return [neutral_action(a) for s in stages for a in tasks_module.expert_actions(instance, s)]
 
 
 def rows_for_task(user: str, state: grid.GridState, actions: Sequence[Mapping[str, Any]],

@@ -20,7 +20,7 @@ from typing import Any, Callable, ClassVar, Mapping, Optional
 
 from bat_jax import workflow
 from bat_jax.taskkit import metrics, sources
-from bat_jax.taskkit.runners import _common
+from bat_jax.taskkit.runners import common
 from bat_jax.taskkit.scripts import checks, convert
 
 _MAX_ATTEMPTS = 64
@@ -94,7 +94,7 @@ class CaseData:
 
 
 def pgm_bytes(rows: list[list[int]], maxval: int) -> bytes:
-  return _common.format_pgm(rows, maxval).encode("ascii")
+  return common.format_pgm(rows, maxval).encode("ascii")
 
 
 def opaque_task_id(*parts: Any) -> str:
@@ -174,7 +174,7 @@ class TrackFamily(abc.ABC):
     """The provided model's prediction for one case, computed host-side on clean data."""
     image = None
     if row.get("image"):
-      image = _common.parse_pgm(files[row["image"]].decode("ascii"), row["image"])
+      image = common.parse_pgm(files[row["image"]].decode("ascii"), row["image"])
     return self.runner.predict_case(params, row, image, scale)
 
   def generate(self, seed: int, outcome: str) -> TaskInstance:
@@ -270,7 +270,7 @@ class TrackFamily(abc.ABC):
                if fault == "missing_dependency" else None)
     requires = ["json", "math", "os"] + ([missing] if missing else [])
     runner_src = sources.inline_source(
-        _common, self.runner,
+        common, self.runner,
         replace=(("SUPPORTED_FORMATS = (2,)", f"SUPPORTED_FORMATS = ({version},)"),) +
         ((("import os\n", f"import os\n\nimport {missing}  # native kernels\n"),)
          if missing else ()))

@@ -14,7 +14,7 @@ from typing import Any
 from bat_jax import workflow
 from bat_jax.taskkit import sources
 from bat_jax.taskkit.base import TaskInstance
-from bat_jax.taskkit.runners import _common
+from bat_jax.taskkit.runners import common
 from bat_jax.taskkit.scripts import checks, infer, submission
 
 Action = dict[str, Any]
@@ -150,7 +150,7 @@ def _heredoc(path: str, text: str) -> str:
 
 _SIBLING = {"from bat_jax.taskkit.scripts.checks import atomic_write_text  # inlined":
             "from checks import atomic_write_text",
-            "from bat_jax.taskkit.runners._common import format_pgm, parse_pgm  # inlined":
+            "from bat_jax.taskkit.runners.common import format_pgm, parse_pgm  # inlined":
             "from checks import format_pgm, parse_pgm"}
 
 
@@ -158,7 +158,7 @@ def pipeline_sources() -> dict[str, str]:
   """The pipeline/ files the expert writes in S2 (and the stage tools' `setup` installs):
   file name -> standalone stdlib source."""
   return {"checks.py": sources.inline_source(checks) + "\n" + sources.function_sources(
-              _common.parse_pgm, _common.format_pgm),
+              common.parse_pgm, common.format_pgm),
           "infer.py": sources.inline_source(infer, rewrite=_SIBLING),
           "submission.py": sources.inline_source(submission, rewrite=_SIBLING)}
 

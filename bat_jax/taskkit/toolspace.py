@@ -24,7 +24,7 @@ from typing import Any
 from bat_jax import workflow
 from bat_jax.taskkit import expert, sources
 from bat_jax.taskkit.base import TaskInstance
-from bat_jax.taskkit.runners import _common
+from bat_jax.taskkit.runners import common
 from bat_jax.taskkit.scripts import checks, stage_tools, submission
 
 A = workflow.ARTIFACTS
@@ -34,7 +34,7 @@ _ENTRY = "import sys\nfrom kit import main\nsys.exit(main({command!r}, sys.argv[
 @functools.cache
 def tool_files() -> dict[str, bytes]:
   """relpath -> content of every file the stage tools ship (`workflow.STAGE_TOOL_FILES`)."""
-  kit = sources.inline_source(checks, _common.parse_pgm, _common.format_pgm, submission,
+  kit = sources.inline_source(checks, common.parse_pgm, common.format_pgm, submission,
                               stage_tools)
   files = {f"{workflow.TOOLS_DIR}/kit.py": kit}
   files.update({f"{workflow.TOOLS_DIR}/{c}.py": _ENTRY.format(command=c)

@@ -104,13 +104,13 @@ def test_format_observation_counts_removed_chars():
 
 def test_missing_bwrap_fails_clearly(tmp_path, monkeypatch):
   monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on PATH
-  bwrap_lib._tools.cache_clear()
+  bwrap_lib.host_tools.cache_clear()
   bwrap_lib.check_available.cache_clear()
   try:
     with pytest.raises(SandboxUnavailableError, match="apt-get install bubblewrap"):
       Sandbox(tmp_path, FAST)
   finally:
-    bwrap_lib._tools.cache_clear()
+    bwrap_lib.host_tools.cache_clear()
     bwrap_lib.check_available.cache_clear()
 
 

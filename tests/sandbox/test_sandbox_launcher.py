@@ -29,7 +29,7 @@ def test_calls_are_born_in_the_sandbox_memory_group(make_sandbox):
     pytest.skip("no writable memory cgroup here")
   sb = make_sandbox(MEM)
   assert sb.execute("bash", "true").exit_code == 0
-  group = sb._launcher_now.group  # pylint: disable=protected-access
+  group = sb.launcher.group
   siblings = set(group.path.parent.iterdir())
   seen: set[int] = set()
   t = threading.Thread(target=lambda: sb.execute("bash", "sleep 1.5"))
@@ -43,7 +43,7 @@ def test_calls_are_born_in_the_sandbox_memory_group(make_sandbox):
   assert len(seen) >= 3, seen  # the launcher, bwrap, its PID 1, the code
   assert code_pids == []  # all gone after the call
   assert set(group.path.parent.iterdir()) == siblings  # no group made per call
-  assert sb._launcher_now.group is group  # pylint: disable=protected-access
+  assert sb.launcher.group is group
 
 
 def test_an_oom_kill_marks_only_its_own_call(make_sandbox):
@@ -60,20 +60,22 @@ def test_an_oom_kill_marks_only_its_own_call(make_sandbox):
 def test_a_dead_launcher_is_replaced(make_sandbox):
   sb = make_sandbox()
   assert sb.execute("bash", "true").exit_code == 0
-  first = sb._launcher_now  # pylint: disable=protected-access
-  os.kill(first._proc.pid, signal.SIGKILL)  # pylint: disable=protected-access
-  first._proc.wait()  # pylint: disable=protected-access
+  first = sb.launcher
+  os.kill(first.pid, signal.SIGKILL)
+  deadline = time.monotonic() + 10
+  while first.alive() and time.monotonic() < deadline:
+    time.sleep(0.01)
   r = sb.execute("bash", "echo again")
   assert (r.exit_code, r.stdout) == (0, "again\n")
-  assert sb._launcher_now is not first  # pylint: disable=protected-access
+  assert sb.launcher is not first
 
 
 def test_close_stops_the_launcher_and_removes_its_group(make_sandbox):
   sb = make_sandbox()
   assert sb.execute("bash", "true").exit_code == 0
-  first = sb._launcher_now  # pylint: disable=protected-access
+  first = sb.launcher
   sb.close()
-  assert first._proc.poll() is not None  # pylint: disable=protected-access
+  assert not first.alive()
   assert first.group is None or not first.group.path.exists()
   assert sb.execute("bash", "echo back").stdout == "back\n"  # a new launcher
 
@@ -124,10 +126,10 @@ def test_setpriv_mode_contains_too(make_sandbox):
 def test_a_forked_harness_gets_its_own_launcher(make_sandbox):
   sb = make_sandbox()
   assert sb.execute("bash", "true").exit_code == 0
-  parent = sb._launcher_now  # pylint: disable=protected-access
+  parent = sb.launcher
   pid = os.fork()
   if pid == 0:  # the child: its own launcher; the parent's is left alone
-    ok = sb.execute("bash", "echo child").stdout == "child\n" and sb._launcher_now is not parent
+    ok = sb.execute("bash", "echo child").stdout == "child\n" and sb.launcher is not parent
     sb.close()
     os._exit(0 if ok else 1)
   _, status = os.waitpid(pid, 0)

@@ -24,7 +24,7 @@ USER = "Track: vqa. Answer the questions about the images in data/. Do stage S3 
 
 
 def _rows():
-  actions = [sft_rows._neutral_action(a) for a in ACTIONS]
+  actions = [sft_rows.neutral_action(a) for a in ACTIONS]
   return sft_rows.rows_for_task(USER, STATE, actions, OBSERVATIONS, state_id="sid",
                                 task_seed=5, generator="bat_jax.train_tasks/vqa")
 
@@ -35,7 +35,7 @@ def test_one_row_per_action_with_growing_real_context():
   for k, row in enumerate(rows):
     msgs = row["messages"]
     assert [m["role"] for m in msgs] == ["system", "user"] + ["assistant", "tool"] * k
-    assert sft_rows.target_action(row) == sft_rows._neutral_action(ACTIONS[k])
+    assert sft_rows.target_action(row) == sft_rows.neutral_action(ACTIONS[k])
     assert row["target"]["action"]["type"] == "tool"
     for j in range(k):
       assert msgs[2 + 2 * j]["action"]["arguments"] == ACTIONS[j]["arguments"]
@@ -56,13 +56,13 @@ def test_rows_are_model_neutral():
 
 def test_bad_expert_actions_are_named():
   with pytest.raises(ValueError, match="'name'"):
-    sft_rows._neutral_action({"name": "shell", "arguments": {"language": "bash", "code": ""}})
+    sft_rows.neutral_action({"name": "shell", "arguments": {"language": "bash", "code": ""}})
   with pytest.raises(ValueError, match="language 'ruby'"):
-    sft_rows._neutral_action({"name": "execute_code",
+    sft_rows.neutral_action({"name": "execute_code",
                               "arguments": {"language": "ruby", "code": ""}})
   with pytest.raises(ValueError, match="3 actions but 2 observations"):
     sft_rows.rows_for_task("b", STATE,
-                           [sft_rows._neutral_action(a) for a in ACTIONS], OBSERVATIONS[:2],
+                           [sft_rows.neutral_action(a) for a in ACTIONS], OBSERVATIONS[:2],
                            state_id="s", task_seed=1, generator="g")
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from bat_jax import workflow
 from bat_jax.taskkit import FAMILY_TYPES, NamePool
-from bat_jax.taskkit.runners import _common
+from bat_jax.taskkit.runners import common
 from bat_jax.taskkit.scripts import convert
 from bat_jax.train_tasks import FAMILIES  # concrete tasks to inspect the builder's output
 from bat_jax.train_tasks.briefs import make_brief
@@ -53,7 +53,7 @@ def test_fault_corrupted_case_breaks_its_input():
   index = inst.files[inst.spec["data"]["index"]].decode().splitlines()
   image = next(line.split(",")[1] for line in index if line.startswith(bad + ","))
   with pytest.raises(ValueError, match="truncated"):
-    _common.parse_pgm(inst.files[f"{inst.hidden['data_dir']}/{image}"].decode(), image)
+    common.parse_pgm(inst.files[f"{inst.hidden['data_dir']}/{image}"].decode(), image)
 
 
 def test_fault_corrupted_case_without_images_garbles_the_index_row():

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bat_jax.taskkit import metrics, sources
-from bat_jax.taskkit.runners import _common, detection, segmentation
+from bat_jax.taskkit.runners import common, detection, segmentation
 from bat_jax.taskkit.scripts import checks, submission
 
 
@@ -109,7 +109,7 @@ def test_submission_errors_name_the_file(tmp_path):
 
 def test_runners_on_a_hand_made_image():
   rows = [[10, 10, 10, 10], [10, 200, 200, 10], [10, 200, 200, 10], [10, 10, 10, 10]]
-  image = _common.parse_pgm(_common.format_pgm(rows, 255))
+  image = common.parse_pgm(common.format_pgm(rows, 255))
   assert segmentation.predict_case({"threshold": 0.5}, {}, image, None)[1] == [0, 1, 1, 0]
   boxes = detection.predict_case({"threshold": 0.5, "min_area": 2}, {}, image, None)
   assert [b["box"] for b in boxes] == [[1, 1, 3, 3]]
@@ -119,11 +119,11 @@ def test_runners_on_a_hand_made_image():
 
 
 def test_inline_source_standalone_and_rewrites():
-  text = sources.inline_source(_common, segmentation)
-  assert "from ._common" not in text and text.count("from __future__") == 1
+  text = sources.inline_source(common, segmentation)
+  assert "from .common" not in text and text.count("from __future__") == 1
   namespace = {}
   exec(compile(text, "runner.py", "exec"), namespace)  # runs without the package
   assert namespace["SUPPORTED_FORMATS"] == (2,)
   with pytest.raises(ValueError, match="NOT THERE"):
-    sources.inline_source(_common, replace=(("NOT THERE", "x"),))
+    sources.inline_source(common, replace=(("NOT THERE", "x"),))
   assert json.loads(json.dumps(namespace["binary_mask"]([[0.2, 0.9]], 0.5))) == [[0, 1]]

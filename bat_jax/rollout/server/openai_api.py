@@ -118,7 +118,7 @@ class OpenAIChat:
     if not named:
       raise RequestError(f"tool_choice names {fn['name']!r}, which is not in tools")
     fmt_one = _format_for(fmt, json.dumps(named, sort_keys=True))
-    return fmt_one, named, True, _forced_call_prefix(fmt_one, fn["name"])
+    return fmt_one, named, True, forced_call_prefix(fmt_one, fn["name"])
 
   def _sampling(self, body: dict, fmt) -> Sampling:
     g = lambda k, default: default if body.get(k) is None else body[k]  # noqa: E731
@@ -299,7 +299,7 @@ def _format_for(fmt, tools_json: str):
   return _format_cache(fmt, tools_json)
 
 
-def _forced_call_prefix(fmt, name: str) -> str:
+def forced_call_prefix(fmt, name: str) -> str:
   """Text that opens a call of `name` right after the generation prompt (tool_choice named)."""
   close_think = "\n</think>\n\n" if fmt.enable_thinking and fmt.family == "qwen3_5" else ""
   if fmt.family == "qwen3":

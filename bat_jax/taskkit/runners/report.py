@@ -1,5 +1,5 @@
 """Template report: lesion count, size and quadrant of the largest, and an impression."""
-from ._common import *  # noqa: F403 (dropped in a workspace)  # inlined
+from .common import *  # noqa: F403 (dropped in a workspace)  # inlined
 
 
 def predict_case(params, case, image, intensity_scale):

@@ -1,5 +1,5 @@
 """Threshold segmentation: a binary mask [H][W] of the normalised image."""
-from ._common import *  # noqa: F403 (dropped in a workspace)  # inlined
+from .common import *  # noqa: F403 (dropped in a workspace)  # inlined
 
 
 def predict_case(params, case, image, intensity_scale):

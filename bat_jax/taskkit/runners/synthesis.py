@@ -1,5 +1,5 @@
 """Conditional renderer: draws the requested shape (a p-norm ball) on a flat background."""
-from ._common import *  # noqa: F403 (dropped in a workspace)  # inlined
+from .common import *  # noqa: F403 (dropped in a workspace)  # inlined
 
 
 def predict_case(params, case, image, intensity_scale):

@@ -10,7 +10,7 @@ import io
 import json
 import os
 
-from bat_jax.taskkit.runners._common import format_pgm, parse_pgm  # inlined
+from bat_jax.taskkit.runners.common import format_pgm, parse_pgm  # inlined
 from bat_jax.taskkit.scripts.checks import atomic_write_text  # inlined
 
 FORMATS = ("csv", "jsonl", "coco_json", "pgm_dir", "txt_dir")

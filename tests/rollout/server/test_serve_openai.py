@@ -32,11 +32,11 @@ def client(served):
 def bigram(tokenizer, chat):
   """A server whose model, greedy or not, answers `</function></tool_call><|im_end|>` after a
   generation prompt or a forced `<function=f>\\n` (see conftest.set_bigram_path)."""
-  from bat_jax.rollout.server.openai_api import _forced_call_prefix
+  from bat_jax.rollout.server.openai_api import forced_call_prefix
   model = tiny_model(len(tokenizer))
   answer = chat.encode("</function></tool_call>") + [chat.im_end_id]
   prompt_end = chat.encode_prompt(USER, [])[-1]
-  forced_end = chat.encode(_forced_call_prefix(chat, "f"))[-1]
+  forced_end = chat.encode(forced_call_prefix(chat, "f"))[-1]
   set_bigram_path(model, path_map([[prompt_end] + answer, [forced_end] + answer]))
   app, httpd, base = start(model, tokenizer, chat)
   yield app, openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)

@@ -6,6 +6,7 @@ import httpx
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from serve_fixtures import path_map, set_bigram_path, start, stop, tiny_model
 
@@ -148,7 +149,7 @@ def test_release_and_resume_memory_occupation(model, tokenizer, chat):
     resp = httpx.post(f"{base}/release_memory_occupation", json={"tags": None}, timeout=60)
     assert resp.status_code == 200 and resp.json()["released"] == ["kv_cache", "weights"]
     freed = held - live()
-    params_bytes = sum(x.nbytes for x in jax.tree.leaves(app._parked["host"]))
+    params_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     assert freed >= params_bytes  # weights and cache left the device
     refused = httpx.post(f"{base}/generate", json=body, timeout=60)
     assert refused.status_code == 503 and "resume_memory_occupation" in refused.text
