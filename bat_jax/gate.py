@@ -183,6 +183,25 @@ def _drop_check(name: str, base: Optional[float], cand: Optional[float], limit: 
   return Check(drop, limit, ok)
 
 
+def _stage_drop_checks(baseline: Report, candidate: Report, thresholds: GateThresholds,
+                       reasons: list[str]) -> dict[str, Check]:
+  """`stage_drop/S` for every guarded stage; unknown stage names are a ValueError."""
+  base_stages = _field(baseline, "baseline", "stage_scores")
+  cand_stages = _field(candidate, "candidate", "stage_scores")
+  for side, stages in (("baseline", base_stages), ("candidate", cand_stages)):
+    unknown = sorted(set(stages) - set(workflow.STAGES))
+    if unknown:
+      raise ValueError(f"{side}.stage_scores: unknown stage(s) {unknown}")
+  checks = {}
+  for stage in thresholds.guarded_stages:
+    name = f"stage_drop/{stage}"
+    checks[name] = _drop_check(
+        name, _score(f"baseline.stage_scores.{stage}", base_stages.get(stage)),
+        _score(f"candidate.stage_scores.{stage}", cand_stages.get(stage)),
+        thresholds.max_stage_drop, thresholds.tolerance, False, reasons)
+  return checks
+
+
 def check(baseline: Report, candidate: Report, thresholds: GateThresholds,
           training_healthy: bool) -> GateDecision:
   """Runs every gate check on two paired aggregate reports.
@@ -223,18 +242,7 @@ def check(baseline: Report, candidate: Report, thresholds: GateThresholds,
                                _track_score("candidate", track, cand_tracks[track]),
                                thresholds.max_track_drop, tol, False, reasons)
 
-  base_stages = _field(baseline, "baseline", "stage_scores")
-  cand_stages = _field(candidate, "candidate", "stage_scores")
-  for side, stages in (("baseline", base_stages), ("candidate", cand_stages)):
-    unknown = sorted(set(stages) - set(workflow.STAGES))
-    if unknown:
-      raise ValueError(f"{side}.stage_scores: unknown stage(s) {unknown}")
-  for stage in thresholds.guarded_stages:
-    name = f"stage_drop/{stage}"
-    checks[name] = _drop_check(
-        name, _score(f"baseline.stage_scores.{stage}", base_stages.get(stage)),
-        _score(f"candidate.stage_scores.{stage}", cand_stages.get(stage)),
-        thresholds.max_stage_drop, tol, False, reasons)
+  checks.update(_stage_drop_checks(baseline, candidate, thresholds, reasons))
 
   checks["catastrophic_overall_drop"] = _drop_check(
       "catastrophic_overall_drop", base_overall, cand_overall,

@@ -18,6 +18,15 @@ from bat_jax import sharding
 Array = jax.Array
 
 
+def _check_shapes(hidden: Array, kernel: Array, targets: Array, chunk_size: int) -> None:
+  if hidden.ndim != 3 or targets.shape != hidden.shape[:2]:
+    raise ValueError(f"hidden {hidden.shape} must be [B, T, D] and targets {targets.shape} [B, T]")
+  if kernel.ndim != 2 or kernel.shape[0] != hidden.shape[-1]:
+    raise ValueError(f"kernel {kernel.shape} must be [D={hidden.shape[-1]}, V]")
+  if chunk_size <= 0:
+    raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+
+
 def chunked_logprobs(hidden: Array, kernel: Array, targets: Array, *, chunk_size: int = 512,
                      temperature: float = 1.0,
                      with_entropy: bool = False) -> tuple[Array, Optional[Array]]:
@@ -36,12 +45,7 @@ def chunked_logprobs(hidden: Array, kernel: Array, targets: Array, *, chunk_size
   Returns:
     `(logp [B, T] float32, entropy [B, T] float32 or None)`.
   """
-  if hidden.ndim != 3 or targets.shape != hidden.shape[:2]:
-    raise ValueError(f"hidden {hidden.shape} must be [B, T, D] and targets {targets.shape} [B, T]")
-  if kernel.ndim != 2 or kernel.shape[0] != hidden.shape[-1]:
-    raise ValueError(f"kernel {kernel.shape} must be [D={hidden.shape[-1]}, V]")
-  if chunk_size <= 0:
-    raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+  _check_shapes(hidden, kernel, targets, chunk_size)
   batch, length, dim = hidden.shape
   if kernel.dtype != hidden.dtype:
     kernel = sharding.constrain(kernel.astype(hidden.dtype), ("embed", "vocab"))

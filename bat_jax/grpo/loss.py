@@ -152,6 +152,44 @@ def _clipped_surrogate(log_ratio: Array, adv: Array, *, clip_low: float, clip_hi
   return per_token, ratio, clipped > unclipped
 
 
+def _surrogate_and_stats(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
+                         clip_low: float, clip_high: float,
+                         dual_clip: Optional[float]) -> tuple[Array, dict[str, Array]]:
+  """Per-token clipped surrogate `[B, T]` and its masked sums (clip fraction, ratio, ...)."""
+  adv = advantages.astype(jnp.float32)[:, None]                    # [B, 1]
+  log_ratio = logp - old_logp                                       # [B, T]
+  per_token, ratio, was_clipped = _clipped_surrogate(
+      log_ratio, adv, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
+  stats = {
+      "tokens": mask.sum(),
+      "clip_frac_sum": (was_clipped * mask).sum(),
+      "approx_kl_sum": (0.5 * log_ratio ** 2 * mask).sum(),
+      "ratio_sum": (ratio * mask).sum(),
+      "ratio_max": jnp.max(jnp.where(mask > 0, ratio, -jnp.inf)),
+  }
+  return per_token, stats
+
+
+def _truncated_is_weight(old_logp: Array, sampler_logp: Array, tis_cap: float, mask: Array,
+                         stats: dict[str, Array]) -> Array:
+  """Truncated IS for the sampler/trainer mismatch: min(exp(old - sampler), cap), computed as
+  exp(min(., log cap)) so it cannot overflow; a constant weight, not a path for gradients.
+  Adds its masked sums to `stats`."""
+  log_w = jnp.minimum(old_logp - sampler_logp, jnp.log(tis_cap))
+  tis = jax.lax.stop_gradient(jnp.exp(log_w))
+  stats["tis_weight_sum"] = (tis * mask).sum()
+  stats["tis_capped_frac_sum"] = ((old_logp - sampler_logp >= jnp.log(tis_cap)) * mask).sum()
+  return tis
+
+
+def _check_needed_inputs(kl_coef: float, ref_logp: Optional[Array], tis_cap: Optional[float],
+                         sampler_logp: Optional[Array]) -> None:
+  if kl_coef > 0 and ref_logp is None:
+    raise ValueError("kl_coef > 0 needs ref_logp")
+  if tis_cap is not None and sampler_logp is None:
+    raise ValueError("tis_cap needs sampler_logp (the rollout engine's logprobs)")
+
+
 def policy_loss_terms(logp: Array, old_logp: Array, advantages: Array, mask: Array, *,
                       ref_logp: Optional[Array] = None, sampler_logp: Optional[Array] = None,
                       clip_low: float = 0.2, clip_high: float = 0.2,
@@ -179,8 +217,7 @@ def policy_loss_terms(logp: Array, old_logp: Array, advantages: Array, mask: Arr
     clip_low, clip_high: asymmetric ratio clip range.
     dual_clip: cap (> 1) for negative advantages, or None.
     kl_coef: KL loss coefficient (0 disables KL).
-    kl_estimator: key of `KL_ESTIMATORS`.
-    loss_agg: key of `LOSS_AGGREGATIONS`.
+    kl_estimator, loss_agg: keys of `KL_ESTIMATORS` / `LOSS_AGGREGATIONS`.
     tis_cap: truncated importance-sampling cap, or None.
     norm_length: the constant length of `seq-mean-token-sum-norm` (its denominator is
       rows x norm_length); required by that mode, ignored by the others.
@@ -197,30 +234,12 @@ def policy_loss_terms(logp: Array, old_logp: Array, advantages: Array, mask: Arr
                        clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef, tis_cap=tis_cap,
                        norm_length=norm_length)
   _check_shapes(logp, old_logp, advantages, mask, ref_logp, sampler_logp)
-  if kl_coef > 0 and ref_logp is None:
-    raise ValueError("kl_coef > 0 needs ref_logp")
-  if tis_cap is not None and sampler_logp is None:
-    raise ValueError("tis_cap needs sampler_logp (the rollout engine's logprobs)")
+  _check_needed_inputs(kl_coef, ref_logp, tis_cap, sampler_logp)
   mask = mask.astype(jnp.float32)
-  adv = advantages.astype(jnp.float32)[:, None]                    # [B, 1]
-  log_ratio = logp - old_logp                                       # [B, T]
-  per_token, ratio, was_clipped = _clipped_surrogate(
-      log_ratio, adv, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
-  stats = {
-      "tokens": mask.sum(),
-      "clip_frac_sum": (was_clipped * mask).sum(),
-      "approx_kl_sum": (0.5 * log_ratio ** 2 * mask).sum(),
-      "ratio_sum": (ratio * mask).sum(),
-      "ratio_max": jnp.max(jnp.where(mask > 0, ratio, -jnp.inf)),
-  }
+  per_token, stats = _surrogate_and_stats(logp, old_logp, advantages, mask, clip_low=clip_low,
+                                          clip_high=clip_high, dual_clip=dual_clip)
   if tis_cap is not None:
-    # Truncated IS for the sampler/trainer mismatch: min(exp(old - sampler), cap), computed as
-    # exp(min(., log cap)) so it cannot overflow; a constant weight, not a path for gradients.
-    log_w = jnp.minimum(old_logp - sampler_logp, jnp.log(tis_cap))
-    tis = jax.lax.stop_gradient(jnp.exp(log_w))
-    per_token = per_token * tis
-    stats["tis_weight_sum"] = (tis * mask).sum()
-    stats["tis_capped_frac_sum"] = ((old_logp - sampler_logp >= jnp.log(tis_cap)) * mask).sum()
+    per_token = per_token * _truncated_is_weight(old_logp, sampler_logp, tis_cap, mask, stats)
   stats["pg_loss_sum"] = (per_token * mask).sum()
   if kl_coef > 0:
     kl = KL_ESTIMATORS[kl_estimator](logp, ref_logp)

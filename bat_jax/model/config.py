@@ -161,13 +161,7 @@ class ModelConfig:
     if model_type not in SUPPORTED_MODEL_TYPES:
       raise ValueError(
           f"unsupported model_type {model_type!r} in config; supported: {SUPPORTED_MODEL_TYPES}")
-    text = d
-    if model_type == "qwen3_5":
-      if "text_config" not in d:
-        raise ValueError("config with model_type 'qwen3_5' is missing 'text_config'")
-      text = {**d["text_config"]}
-      # Some VLM configs keep tie_word_embeddings only at the top level.
-      text.setdefault("tie_word_embeddings", d.get("tie_word_embeddings", False))
+    text = _text_config(d, model_type)
 
     def need(key: str):
       if key not in text:
@@ -177,27 +171,14 @@ class ModelConfig:
     num_layers = int(need("num_hidden_layers"))
     num_heads = int(need("num_attention_heads"))
     hidden = int(need("hidden_size"))
-    layer_types = text.get("layer_types")
-    if layer_types is None:
-      if model_type == "qwen3":
-        layer_types = ["full_attention"] * num_layers
-      else:  # HF default: every `full_attention_interval`-th layer is full attention
-        interval = int(text.get("full_attention_interval", 4))
-        layer_types = ["linear_attention" if (i + 1) % interval else "full_attention"
-                       for i in range(num_layers)]
+    layer_types = _layer_types(text, model_type, num_layers)
     if model_type == "qwen3" and text.get("use_sliding_window"):
       raise ValueError("config field 'use_sliding_window' = true is not supported")
     act = text.get("hidden_act", "silu")
     if act != "silu":
       raise ValueError(f"config field 'hidden_act' = {act!r} is not supported (only 'silu')")
 
-    rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-      raise ValueError(f"config rope_type {rope_type!r} is not supported (only 'default')")
-    rope_theta = rope.get("rope_theta", text.get("rope_theta", 10000.0))
-    default_partial = 0.25 if model_type != "qwen3" else 1.0
-    partial = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", default_partial))
+    rope_theta, partial = _rope(text, model_type)
 
     kwargs: dict[str, Any] = dict(
         model_type=model_type,
@@ -295,3 +276,39 @@ class ModelConfig:
     out["dtype"] = dtype_name
     out.pop("torch_dtype", None)
     return out
+
+
+def _text_config(d: Mapping[str, Any], model_type: str) -> Mapping[str, Any]:
+  """The text model's fields: `d` itself, or Qwen3.5's nested `text_config`."""
+  if model_type != "qwen3_5":
+    return d
+  if "text_config" not in d:
+    raise ValueError("config with model_type 'qwen3_5' is missing 'text_config'")
+  text = {**d["text_config"]}
+  # Some VLM configs keep tie_word_embeddings only at the top level.
+  text.setdefault("tie_word_embeddings", d.get("tie_word_embeddings", False))
+  return text
+
+
+def _layer_types(text: Mapping[str, Any], model_type: str, num_layers: int) -> list[str]:
+  layer_types = text.get("layer_types")
+  if layer_types is not None:
+    return layer_types
+  if model_type == "qwen3":
+    return ["full_attention"] * num_layers
+  # HF default: every `full_attention_interval`-th layer is full attention.
+  interval = int(text.get("full_attention_interval", 4))
+  return ["linear_attention" if (i + 1) % interval else "full_attention"
+          for i in range(num_layers)]
+
+
+def _rope(text: Mapping[str, Any], model_type: str) -> tuple[Any, Any]:
+  """(rope_theta, partial_rotary_factor); only the default RoPE is supported."""
+  rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+  rope_type = rope.get("rope_type", rope.get("type", "default"))
+  if rope_type != "default":
+    raise ValueError(f"config rope_type {rope_type!r} is not supported (only 'default')")
+  rope_theta = rope.get("rope_theta", text.get("rope_theta", 10000.0))
+  default_partial = 0.25 if model_type != "qwen3" else 1.0
+  partial = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", default_partial))
+  return rope_theta, partial
