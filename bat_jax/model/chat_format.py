@@ -44,6 +44,7 @@ class ChatFormat:
       thought is rendered as its reasoning. False closes an empty think block in the generation
       prompt and renders the thought as plain text before the tool call.
     max_turn_chars: longer assistant turns are a ParseError.
+    parser: the family's `tool_parser.ToolParser` (what `parse_actions` runs).
   """
 
   def __init__(self, family: str, tokenizer: transformers.PreTrainedTokenizerBase, *,
