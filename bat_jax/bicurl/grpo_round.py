@@ -38,6 +38,8 @@ from bat_jax.rollout import (AgentLoop, RolloutItem, RolloutLimits, SamplingPara
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.stagebank.reader import RoundReader
 from bat_jax.stagebank.rounds import derive_seed
+from bat_jax.stagebank.shards import round_dirname
+from bat_jax.model.tokenizer import ChatFormat
 
 log = logging.getLogger(__name__)
 
@@ -210,15 +212,16 @@ class GrpoRound:
     ref_params: the SFT policy's params (the KL reference unless `grpo.kl_reference` is
       "round_start", which uses `start_model`'s); unused when `grpo.kl_coef` is 0.
     server: the policy server rollouts are generated with (`bicurl.policy`).
-    chat: the policy's chat format.
+    chat_format: the policy's chat format.
     checkpoint_dir: this round's orbax directory.
     workspace_root: where rollout workspaces are created.
   """
 
   def __init__(self, cfg: ml_collections.ConfigDict, round_index: int, start_model: nnx.Module,
-               ref_params: Any, server: Any, chat: Any, checkpoint_dir: Path,
+               ref_params: Any, server: Any, chat_format: ChatFormat, checkpoint_dir: Path,
                workspace_root: Path):
-    self.cfg, self.round_index, self.server, self.chat = cfg, round_index, server, chat
+    self.cfg, self.round_index, self.server = cfg, round_index, server
+    self.chat_format = chat_format
     self.model = start_model
     self.checkpoint_dir = checkpoint_dir
     self.loss_cfg = grpo_config(cfg)
@@ -231,14 +234,15 @@ class GrpoRound:
     self.pass_cfg = logprob_pass_config(cfg)
     self.max_len = cfg.rollout.limits.max_context_tokens or cfg.rollout.jax.max_len
     self.agent_loop = AgentLoop(
-        server.engine, chat, task_environments(workspace_root, SandboxLimits(**cfg.sandbox.to_dict()),
-                                               cache_dir=workspace_root / "boundary_cache"),
+        server.engine, chat_format,
+        task_environments(workspace_root, SandboxLimits(**cfg.sandbox.to_dict()),
+                          cache_dir=workspace_root / "boundary_cache"),
         sampling=SamplingParams(**cfg.rollout.sampling.to_dict()),
         limits=RolloutLimits(**cfg.rollout.limits.to_dict()))
 
   def serve(self, params: Any, step: int) -> None:
     acting = nnx.merge(self.trainer.graphdef, placement.local_copy(params), self.trainer.rest)
-    version = f"round{self.round_index}-step{step}"
+    version = f"{round_dirname(self.round_index)}-step{step}"
     # Multi-host SGLang: process 0 exports to the shared directory before the others load it.
     multihost.primary_first(f"serve {version}", lambda: self.server.load(acting, version))
     self.server.reseed(derive_seed("rollout", self.cfg.seed, self.round_index, step) & 0x7FFFFFFF)
@@ -252,7 +256,7 @@ class GrpoRound:
     """
     longest = multihost.agree_max(max(len(t.token_ids) for t in trajectories))
     batch, stats = rollout_batch(trajectories, max_len=self.max_len, cfg=self.loss_cfg,
-                                 pad_id=self.chat.endoftext_id, longest=longest)
+                                 pad_id=self.chat_format.endoftext_id, longest=longest)
     signal = multihost.agree_any(np.any(batch["advantages"]))
     stats = multihost.combine_stats(stats)
     batch = placement.global_batch(batch, self.trainer.batch_shardings(batch))

@@ -35,6 +35,7 @@ from bat_jax.rollout import (AgentTurn, Completion, Engine, GenerateRequest, Jax
                              free_port)
 from bat_jax.rollout.worker import EngineWorker
 from bat_jax.io_utils import atomic_write_json
+from bat_jax.model.tokenizer import ChatFormat
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +180,8 @@ class _BoundedAgent(PolicyAgent):
       return AgentTurn((), thought="(context full)")
 
 
-def evaluate_policy(cfg: ml_collections.ConfigDict, server: PolicyServer, chat: Any,
+def evaluate_policy(cfg: ml_collections.ConfigDict, server: PolicyServer,
+                    chat_format: ChatFormat,
                     policy_dir: Path, report_path: Path, records_dir: Path, *,
                     progress: Optional[Callable[[int, int, dict], None]] = None
                     ) -> dict[str, Any]:
@@ -195,13 +197,13 @@ def evaluate_policy(cfg: ml_collections.ConfigDict, server: PolicyServer, chat: 
     report = ExternalEvaluator.from_config(cfg.evaluator.external).evaluate(
         policy_dir, {"policy": policy_dir.name, "tier": cfg.evaluator.tier}, records_dir)
   else:
-    report = _builtin(cfg, server, chat, records_dir, progress)
+    report = _builtin(cfg, server, chat_format, records_dir, progress)
   require_complete(report, source=f"evaluation of {policy_dir.name}")
   atomic_write_json(report_path, report)
   return report
 
 
-def _builtin(cfg: ml_collections.ConfigDict, server: PolicyServer, chat: Any,
+def _builtin(cfg: ml_collections.ConfigDict, server: PolicyServer, chat_format: ChatFormat,
              records_dir: Path, progress: Optional[Callable[[int, int, dict], None]]
              ) -> dict[str, Any]:
   settings = EvalSettings.from_config(cfg)
@@ -211,7 +213,7 @@ def _builtin(cfg: ml_collections.ConfigDict, server: PolicyServer, chat: Any,
 
   def factory(instance: Any) -> PolicyAgent:
     del instance  # the policy sees only the messages
-    return _BoundedAgent(engine, chat, sampling=greedy,
+    return _BoundedAgent(engine, chat_format, sampling=greedy,
                          max_turn_tokens=cfg.rollout.limits.max_turn_tokens)
 
   try:

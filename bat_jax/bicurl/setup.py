@@ -139,7 +139,7 @@ def prepare_sft_rows(cfg: ml_collections.ConfigDict, out_dir: Path, markers_path
 
 
 def sft_examples(cfg: ml_collections.ConfigDict, rows_dir: Path,
-                 chat: tokenizer_lib.ChatFormat) -> tuple[list[Example], list[Example]]:
+                 chat_format: tokenizer_lib.ChatFormat) -> tuple[list[Example], list[Example]]:
   """`(train, validation)` `(ids, loss_mask)` examples rendered in the policy's chat format.
 
   Rows longer than `sft.max_seq_len` are dropped; the rest are shuffled (seeded), the
@@ -147,7 +147,7 @@ def sft_examples(cfg: ml_collections.ConfigDict, rows_dir: Path,
   off and the train set is cut to `sft.num_examples` (plus the `sft.first_action_tasks` rows).
   """
   rows = sft_rows.load_sft_rows(rows_dir)
-  encoded = [chat.encode_sft_example(r["messages"], sft_rows.target_action(r)) for r in rows]
+  encoded = [chat_format.encode_sft_example(r["messages"], sft_rows.target_action(r)) for r in rows]
   kept, dropped = drop_too_long(encoded, cfg.sft.max_seq_len)
   if dropped:
     log.info("SFT: dropped %d of %d rows longer than %d tokens", len(dropped), len(encoded),

@@ -14,14 +14,14 @@ Public API:
 
 from bat_jax.evaluator.agents import (BUILTIN_AGENTS, Agent, AgentFactory, Turn,
                                       builtin_factory)
-from bat_jax.evaluator.cells import Cell, EpisodeLimits, make_cells
+from bat_jax.evaluator.cells import Cell, make_cells
 from bat_jax.evaluator.evaluate import EvalSettings, evaluate, stage_table
 from bat_jax.evaluator.external import ExternalEvaluator, ExternalEvaluatorError
 from bat_jax.evaluator.firewall import FirewallError, check_report, export_report
 from bat_jax.evaluator.report import require_complete
 from bat_jax.evaluator.runner import RunOptions
 
-__all__ = ["BUILTIN_AGENTS", "Agent", "AgentFactory", "Cell", "EpisodeLimits", "EvalSettings",
+__all__ = ["BUILTIN_AGENTS", "Agent", "AgentFactory", "Cell", "EvalSettings",
            "ExternalEvaluator", "ExternalEvaluatorError", "FirewallError", "RunOptions", "Turn",
            "builtin_factory", "check_report", "evaluate", "export_report", "make_cells",
            "require_complete", "stage_table"]

@@ -31,9 +31,10 @@ from ml_collections import ConfigDict
 
 from bat_jax.evaluator import episode
 from bat_jax.evaluator.agents import AgentFactory
-from bat_jax.evaluator.cells import Cell, EpisodeLimits
+from bat_jax.evaluator.cells import Cell
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.io_utils import atomic_write_json
+from bat_jax.rollout_protocol import RolloutLimits
 
 Progress = Callable[[int, int, dict[str, Any]], None]  # (done, total, record)
 
@@ -64,7 +65,7 @@ class RunOptions:
 class _Job:
   factory: AgentFactory
   records_dir: str
-  limits: EpisodeLimits
+  limits: RolloutLimits
   sandbox_limits: SandboxLimits
   keep_workspaces: bool
   work_key: str  # per run, random: keys the opaque work-folder names
@@ -173,7 +174,7 @@ def _parallel(cells: Sequence[Cell], job: _Job, options: RunOptions,
 
 
 def run_cells(cells: Sequence[Cell], factory: AgentFactory, records_dir: Path, *,
-              limits: EpisodeLimits = EpisodeLimits(),
+              limits: RolloutLimits = RolloutLimits(),
               sandbox_limits: SandboxLimits = SandboxLimits(),
               options: RunOptions = RunOptions(),
               progress: Optional[Progress] = None) -> list[dict[str, Any]]:

@@ -80,7 +80,7 @@ def rollout_throughput(model, *, items: int, group: int, max_turns: int,
 
   with tempfile.TemporaryDirectory() as tmp:
     tmp = Path(tmp)
-    chat = tk.ChatFormat.for_model(
+    chat_format = tk.ChatFormat.for_model(
         "qwen3_5_text", tk.load_tokenizer(tk.train_tokenizer(tk.tiny_corpus(), 1024, tmp / "tok")))
     rows = []
     for i in range(items):
@@ -92,8 +92,8 @@ def rollout_throughput(model, *, items: int, group: int, max_turns: int,
 
     def script(session, k):
       plan = plans[session // group]
-      return chat.render_action(plan[k]) if k < len(plan) else "Done.\n</think>\n\nDone."
-    loop = AgentLoop(ScriptedEngine(chat, script), chat,
+      return chat_format.render_action(plan[k]) if k < len(plan) else "Done.\n</think>\n\nDone."
+    loop = AgentLoop(ScriptedEngine(chat_format, script), chat_format,
                      task_environments(tmp / "expert", cache_dir=tmp / "cache"),
                      limits=RolloutLimits(max_response_tokens=10 ** 6, max_turn_tokens=10 ** 5))
     trajs, seconds = _timed_run(loop, rows, group)
@@ -102,11 +102,11 @@ def rollout_throughput(model, *, items: int, group: int, max_turns: int,
           f"{seconds:.1f}s -> {60 * len(trajs) / seconds:.1f} trajectories/min "
           f"(mean reward {np.mean([t.reward for t in trajs]):.3f})")
 
-    if model.config.vocab_size < len(chat.tokenizer):
+    if model.config.vocab_size < len(chat_format.tokenizer):
       raise ValueError("the perf model's vocab is smaller than the chat tokenizer's")
     engine = JaxEngine(model, JaxEngineConfig(num_slots=items * group, max_len=4096,
                                               prefill_chunk=512, decode_block=turn_tokens))
-    loop = AgentLoop(engine, chat, task_environments(tmp / "policy"),
+    loop = AgentLoop(engine, chat_format, task_environments(tmp / "policy"),
                      sampling=SamplingParams(temperature=1.0),
                      limits=RolloutLimits(max_assistant_turns=max_turns,
                                           max_turn_tokens=turn_tokens))

@@ -18,7 +18,7 @@ from tests.bicurl.fast_config import fast_config
 
 def _traj(state_id, reward, *, finish="agent_stop", n=6, tokens=None, logprobs=None):
   tokens = list(range(1, n + 1)) if tokens is None else tokens
-  return Trajectory(state_id=state_id, stage="S1", pool="s_target", task_id="t", sample_index=0,
+  return Trajectory(state_id=state_id, focus="S1", pool="s_target", task_id="t", sample_index=0,
                     token_ids=tokens, loss_mask=[0, 0] + [1] * (len(tokens) - 2),
                     sampler_logp=logprobs or [0.0] * len(tokens), prompt_len=2,
                     reward=reward, finish_reason=finish)

@@ -52,19 +52,19 @@ def test_launched_bat_jax_serve_syncs_weights_per_step_and_releases_memory(
     exported = json.loads((tmp_path / "sglang_weights" / "config.json").read_text())
     assert exported["dtype"] == "bfloat16"
 
-    server.load(model, "round0-step0")
+    server.load(model, "round_000000-step0")
     first = server.engine.generate([GenerateRequest(PROMPT, GREEDY)])[0]
-    assert first.weight_version == "round0-step0" and len(first.output_ids) == 6
+    assert first.weight_version == "round_000000-step0" and len(first.output_ids) == 6
     server.rollouts_done()  # the train step would run now, with the server's memory freed
     assert server.memory_released
 
     other = nnx.clone(model)
     params = nnx.state(other, nnx.Param)
     nnx.update(other, jax.tree.map(lambda x: -x if x.ndim >= 2 else x, params))
-    server.load(other, "round0-step1")  # resume, export, update, flush, version check
+    server.load(other, "round_000000-step1")  # resume, export, update, flush, version check
     assert not server.memory_released
     second = server.engine.generate([GenerateRequest(PROMPT, GREEDY)])[0]
-    assert second.weight_version == "round0-step1"
+    assert second.weight_version == "round_000000-step1"
     assert second.output_ids != first.output_ids
     assert np.all(np.isfinite(second.logprobs))
     pgid = server.process.pid
