@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from bat_jax import curriculum, workflow
+from bat_jax.stagebank.rounds import RoundWeights
+from bat_jax.stagebank.shards import round_dirname
 from bat_jax.bicurl import OuterState, RoundRecord, run
 from bat_jax.bicurl.grpo_round import bucket_length, grpo_config, rollout_batch
 from bat_jax.bicurl.report import PLOTS, build_report, markdown
@@ -53,8 +55,7 @@ def test_sft_states_cover_tracks_before_repeating():
 
 def test_outer_state_round_trips_and_reports(tmp_path):
   state = OuterState(sft_done=True, baseline="round_000000",
-                     next_weights={"pool_mix": {"s_target": 0.5, "s_mix": 0.25, "e2e": 0.25},
-                                   "stage_weights": {s: float(s == "S4") for s in workflow.STAGES}})
+                     next_weights=RoundWeights.for_target("S4"))
   scores = {s: 0.1 * i for i, s in enumerate(workflow.STAGES)}
   for name in ("sft", "round_000000"):
     state.evaluations[name] = {"overall": 0.3, "task": 0.2, "agentic": 0.4,
@@ -107,18 +108,18 @@ def test_end_to_end_tiny_run_artifacts_and_round_structure(tmp_path, require_bwr
     assert (tmp_path / name).is_file(), name
   assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
   assert json.loads((tmp_path / "report.json").read_text()) == report
-  for policy in ["sft"] + [f"round_{r:03d}" for r in range(rounds)]:
+  for policy in ["sft"] + [round_dirname(r) for r in range(rounds)]:
     assert (tmp_path / "policies" / policy / "config.json").is_file()
     assert list((tmp_path / "policies" / policy).glob("*.safetensors"))
     assert (tmp_path / "evals" / f"{policy}.json").is_file()
   for r in range(rounds):
     assert (tmp_path / "stagebank" / f"round_{r:06d}" / "manifest.json").is_file()
-    assert (tmp_path / "ckpt" / f"round_{r:03d}").is_dir()
+    assert (tmp_path / "ckpt" / round_dirname(r)).is_dir()
 
   # Round structure: targets from the curriculum, the gate decides the next start.
   state = OuterState.load(tmp_path)
   assert [e["policy"] for e in report["evaluations"]] == \
-      ["sft"] + [f"round_{r:03d}" for r in range(rounds)]
+      ["sft"] + [round_dirname(r) for r in range(rounds)]
   assert len(state.rounds) == rounds
   assert state.rounds[0].target == curriculum.select_target(
       state.evaluations["sft"]["stage_scores"])

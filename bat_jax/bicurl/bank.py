@@ -13,7 +13,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import ml_collections
 
@@ -22,6 +22,7 @@ from bat_jax.evaluator.markers_export import export_cells, write_export
 from bat_jax.rollout.sglang_launcher import die_with_parent  # PR_SET_PDEATHSIG helper
 from bat_jax.stagebank import serve as bank_serve
 from bat_jax.stagebank import task_source
+from bat_jax.stagebank.rounds import RoundWeights
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class StageBank:
     log.info("Stage Bank spawned (pid %d): %s", process.pid, " ".join(argv))
     return cls(bank_dir, process, cfg.stagebank.request_timeout_s, log_path)
 
-  def request(self, round_index: int, weights: Any) -> None:
+  def request(self, round_index: int, weights: RoundWeights) -> None:
     """Asks for a round as soon as its weights are known (synthesis overlaps training)."""
     bank_serve.request_round(self.bank_dir, round_index, weights)
 

@@ -43,7 +43,6 @@ from bat_jax.model import ModelConfig, build_model, load_pretrained
 from bat_jax.model.decoder import with_attention_impl
 from bat_jax.sft import SftConfig, pad_example, run_sft, sft_loss_fn
 from bat_jax.train import Trainer, placement, split_model
-from bat_jax.stagebank.rounds import RoundWeights
 from bat_jax.io_utils import atomic_write_json
 from bat_jax.sandbox import safe_fs
 from bat_jax.model.tokenizer import ChatFormat
@@ -59,10 +58,6 @@ def params_digest(model: nnx.Module) -> str:
     h.update(f"{jax.tree_util.keystr(path)}|{array.dtype}|{array.shape}|".encode())
     h.update(array.tobytes())
   return h.hexdigest()
-
-
-def _weights_json(weights: tuple[dict, dict]) -> dict[str, dict[str, float]]:
-  return RoundWeights.coerce(weights).to_json()
 
 
 class _Tracker:
@@ -173,9 +168,10 @@ def _validation_nll(model: nnx.Module, examples: list, *, max_len: int, pad_id: 
 
 def _evaluate(cfg: ml_collections.ConfigDict, state: OuterState, paths: RunPaths,
               server: PolicyServer, chat_format: ChatFormat, model: nnx.Module, name: str,
-              tracker: _Tracker) -> dict[str, Any]:
-  """Serves `model` and evaluates it (cached per policy name); records the headline.
-  Multi-host: process 0 evaluates, the others read its cached report."""
+              eval_index: int, tracker: _Tracker) -> dict[str, Any]:
+  """Serves `model` and evaluates it (cached per policy name); records the headline, logged at
+  step `eval_index` (0 = SFT, r + 1 = round r). Multi-host: process 0 evaluates, the others
+  read its cached report."""
   with state.timed("evaluation"):
     multihost.barrier(f"evaluate {name}: exported")
     if not multihost.is_primary():
@@ -195,9 +191,8 @@ def _evaluate(cfg: ml_collections.ConfigDict, state: OuterState, paths: RunPaths
     if multihost.is_primary():
       multihost.barrier(f"evaluate {name}: done")
   state.evaluations[name] = {**headline(report), "params_sha256": params_digest(model)}
-  index = 0 if name == "sft" else int(name.split("_")[-1]) + 1
   tracker.scalars("eval", {"overall": report["overall"], "task": report["task_score"],
-                           **{s: v for s, v in report["stage_scores"].items()}}, index)
+                           **{s: v for s, v in report["stage_scores"].items()}}, eval_index)
   log.info("evaluation %s: overall %s, stages %s", name, report["overall"],
            report["stage_scores"])
   return report
@@ -291,10 +286,11 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
     server = make_policy_server(sft_model, cfg, paths.workdir, tokenizer_dir)
 
     # ============================================ evaluate SFT; first target = weakest stage
-    baseline_report = _evaluate(cfg, state, paths, server, chat_format, sft_model, "sft", tracker)
+    baseline_report = _evaluate(cfg, state, paths, server, chat_format, sft_model, "sft",
+                                0, tracker)
     if state.next_weights is None:
-      state.next_weights = _weights_json(curriculum.weights(
-          baseline_report["stage_scores"], None, True, curriculum_cfg))
+      state.next_weights = curriculum.weights(baseline_report["stage_scores"], None, True,
+                                              curriculum_cfg)
       _save(state, paths)
     if state.baseline != "sft":
       baseline_report = evaluate_policy(cfg, server, chat_format, paths.policy(state.baseline),
@@ -331,17 +327,18 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
       # ---------------------------------------------------------------- export + evaluate
       name = round_dirname(r)
       export_hf(model, paths.policy(name), tokenizer_dir=tokenizer_dir)
-      candidate_report = _evaluate(cfg, state, paths, server, chat_format, model, name, tracker)
+      candidate_report = _evaluate(cfg, state, paths, server, chat_format, model, name,
+                                   r + 1, tracker)
 
       # ---------------------------------------------------------------- gate + next target
       decision = gate.check(baseline_report, candidate_report, thresholds, outcome.healthy)
-      next_weights = _weights_json(curriculum.weights(
+      next_weights = curriculum.weights(
           candidate_report["stage_scores"], baseline_report["stage_scores"], decision.passed,
-          curriculum_cfg))
+          curriculum_cfg)
       if r + 1 < cfg.grpo.rounds and multihost.is_primary():
         bank.request(r + 1, next_weights)  # as early as possible: synthesis overlaps the rest
       state.rounds.append(RoundRecord(
-          round=r, target=RoundWeights.coerce(weights).primary_stage, weights=weights,
+          round=r, target=weights.primary_stage, weights=weights,
           start_policy=start_name, candidate=name, gate=decision.to_dict(),
           promoted=decision.passed, steps=outcome.steps, healthy=outcome.healthy))
       for phase, seconds in outcome.seconds.items():

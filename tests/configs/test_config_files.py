@@ -210,8 +210,8 @@ def test_gpu_configs_match_the_reference_recipe(module):
   assert cfg.curriculum.mode == "argmin"
   assert tuple(selection["stage_order"]) == workflow.STAGES
   # The configured curriculum applies the release's pool mix.
-  pool, _ = curriculum.weights({"S1": 0.5}, None, True,
-                               curriculum.CurriculumConfig.from_config(cfg.curriculum))
+  pool = curriculum.weights({"S1": 0.5}, None, True,
+                            curriculum.CurriculumConfig.from_config(cfg.curriculum)).pool_mix
   assert pool == {p: n / view["rows_per_batch"] for p, n in view["pool_rows_per_batch"].items()}
   assert {s["id"]: s["agentic_weight"] for s in REFERENCE["stages"]} == dict(
       workflow.STAGE_WEIGHTS)
