@@ -15,9 +15,8 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
-import ml_collections
 
-from bat_jax.evaluator.evaluate import EvalSettings
+from bat_jax.run_config import RunConfig
 from bat_jax.evaluator.markers_export import export_cells, write_export
 from bat_jax.rollout.sglang_launcher import die_with_parent  # PR_SET_PDEATHSIG helper
 from bat_jax.stagebank import serve as bank_serve
@@ -27,10 +26,10 @@ from bat_jax.stagebank.rounds import RoundWeights
 log = logging.getLogger(__name__)
 
 
-def write_markers(cfg: ml_collections.ConfigDict, path: Path) -> Path:
+def write_markers(cfg: RunConfig, path: Path) -> Path:
   """The held-out cells' hashed markers for the bank's leak check (written once per run)."""
   if not path.is_file():
-    write_export(export_cells(EvalSettings.from_config(cfg).cells()), path)
+    write_export(export_cells(cfg.evaluation.cells()), path)
   return path
 
 
@@ -51,7 +50,7 @@ class StageBank:
     self.log_path = log_path
 
   @classmethod
-  def start(cls, cfg: ml_collections.ConfigDict, bank_dir: Path, markers_path: Path,
+  def start(cls, cfg: RunConfig, bank_dir: Path, markers_path: Path,
             log_path: Path) -> "StageBank":
     """Spawns `python -m bat_jax.stagebank serve` (one batch = `grpo.prompt_groups` rows), or
     connects to the server of `stagebank.dir`."""

@@ -28,6 +28,7 @@ import tqdm
 from flax import nnx
 from tensorboardX import SummaryWriter
 
+from bat_jax.run_config import RunConfig
 from bat_jax import curriculum, gate
 from bat_jax.bicurl import bank as bank_lib
 from bat_jax.bicurl import multihost, setup
@@ -38,7 +39,6 @@ from bat_jax.bicurl.report import build_report, headline, write_report
 from bat_jax.bicurl.state import OuterState, RoundRecord, RunPaths
 from bat_jax.stagebank.shards import round_dirname
 from bat_jax.checkpointing import export_hf
-from bat_jax.config_validation import validate_config
 from bat_jax.model import ModelConfig, build_model, load_pretrained
 from bat_jax.model.decoder import with_attention_impl
 from bat_jax.sft import SftConfig, pad_example, run_sft, sft_loss_fn
@@ -63,7 +63,7 @@ def params_digest(model: nnx.Module) -> str:
 class _Tracker:
   """TensorBoard scalars (tensorboardX) and tqdm bars, each switchable in `cfg.logging`."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict, paths: RunPaths):
+  def __init__(self, cfg: RunConfig, paths: RunPaths):
     self.writer = (SummaryWriter(str(paths.tensorboard))
                    if cfg.logging.tensorboard and multihost.is_primary() else None)
     self.progress = cfg.logging.progress
@@ -85,7 +85,7 @@ class _Tracker:
       self.writer.close()
 
 
-def _initial_policy(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh
+def _initial_policy(cfg: RunConfig, mesh: jax.sharding.Mesh
                     ) -> tuple[nnx.Module, Callable[[Trainer], Any]]:
   """`(abstract model, make_params)`: the policy before SFT as shapes only, and how its params
   are created straight onto their shards when there is no checkpoint to resume (a seeded jitted
@@ -107,7 +107,7 @@ def _initial_policy(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh
   return abstract, load
 
 
-def _cold_start(cfg: ml_collections.ConfigDict, paths: RunPaths, chat_format: ChatFormat,
+def _cold_start(cfg: RunConfig, paths: RunPaths, chat_format: ChatFormat,
                 tracker: _Tracker) -> tuple[nnx.Module, Optional[float]]:
   """Cold-start SFT on the Stage Bank's expert rows, resumable from its orbax checkpoints;
   returns the model and its validation NLL."""
@@ -166,7 +166,7 @@ def _validation_nll(model: nnx.Module, examples: list, *, max_len: int, pad_id: 
   return total / tokens
 
 
-def _evaluate(cfg: ml_collections.ConfigDict, state: OuterState, paths: RunPaths,
+def _evaluate(cfg: RunConfig, state: OuterState, paths: RunPaths,
               server: PolicyServer, chat_format: ChatFormat, model: nnx.Module, name: str,
               eval_index: int, tracker: _Tracker) -> dict[str, Any]:
   """Serves `model` and evaluates it (cached per policy name); records the headline, logged at
@@ -245,21 +245,19 @@ def _report(state: OuterState, paths: RunPaths) -> dict[str, Any]:
   return write_report(paths.workdir, state) if multihost.is_primary() else build_report(state)
 
 
-def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
+def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
   """Runs (or resumes) BiCuRL in `workdir`; returns the final report (also WORKDIR/report.json).
 
   Raises:
     ConfigError: the config is invalid (every bad field named).
     FloatingPointError: a non-finite SFT or GRPO update.
   """
-  validate_config(cfg)
+  cfg = RunConfig.from_config(config)
   paths = RunPaths(Path(workdir).absolute())
   paths.workdir.mkdir(parents=True, exist_ok=True)
-  _check_same_config(cfg, paths.workdir / "config.json")
+  _check_same_config(config, paths.workdir / "config.json")
   state = OuterState.load(paths.workdir)
   tracker = _Tracker(cfg, paths)
-  thresholds = gate.GateThresholds.from_config(cfg.gate)
-  curriculum_cfg = curriculum.CurriculumConfig.from_config(cfg.curriculum)
   server: Optional[PolicyServer] = None
 
   # ============================================================================ setup
@@ -290,7 +288,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
                                 0, tracker)
     if state.next_weights is None:
       state.next_weights = curriculum.weights(baseline_report["stage_scores"], None, True,
-                                              curriculum_cfg)
+                                              cfg.curriculum)
       _save(state, paths)
     if state.baseline != "sft":
       baseline_report = evaluate_policy(cfg, server, chat_format, paths.policy(state.baseline),
@@ -331,10 +329,10 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
                                    r + 1, tracker)
 
       # ---------------------------------------------------------------- gate + next target
-      decision = gate.check(baseline_report, candidate_report, thresholds, outcome.healthy)
+      decision = gate.check(baseline_report, candidate_report, cfg.gate, outcome.healthy)
       next_weights = curriculum.weights(
           candidate_report["stage_scores"], baseline_report["stage_scores"], decision.passed,
-          curriculum_cfg)
+          cfg.curriculum)
       if r + 1 < cfg.grpo.rounds and multihost.is_primary():
         bank.request(r + 1, next_weights)  # as early as possible: synthesis overlaps the rest
       state.rounds.append(RoundRecord(

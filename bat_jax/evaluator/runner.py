@@ -27,8 +27,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ml_collections import ConfigDict
-
 from bat_jax.evaluator import episode
 from bat_jax.evaluator.agents import AgentFactory
 from bat_jax.evaluator.cells import Cell
@@ -54,11 +52,6 @@ class RunOptions:
       raise ValueError(f"RunOptions.workers must be an int >= 0, got {self.workers!r}")
     if not self.cell_timeout_s > 0:
       raise ValueError(f"RunOptions.cell_timeout_s must be > 0, got {self.cell_timeout_s!r}")
-
-  @classmethod
-  def from_config(cls, evaluator: ConfigDict) -> "RunOptions":
-    """From a run config's `evaluator` section (workers)."""
-    return cls(workers=int(evaluator.workers))
 
 
 @dataclasses.dataclass(frozen=True)

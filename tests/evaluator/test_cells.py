@@ -43,11 +43,12 @@ def test_bad_cells_and_limits_are_named():
 
 def test_settings_follow_the_run_config():
   from configs import base
-  from bat_jax.evaluator import EvalSettings, RunOptions
+  from bat_jax.run_config import RunConfig
   cfg = base.base_config()
-  settings = EvalSettings.from_config(cfg)
+  cfg.model.path = "checkpoint"  # a reference config needs one; nothing is read here
+  run = RunConfig.from_config(cfg)
+  settings = run.evaluation
   assert settings.tier == cfg.evaluator.tier and settings.seed == cfg.evaluator.seed
-  assert settings.limits == RolloutLimits()  # the training rollouts' limits
-  assert settings.sandbox_limits == SandboxLimits()
+  assert settings.limits == run.rollout.limits == RolloutLimits()  # the training rollouts'
+  assert settings.sandbox_limits == run.sandbox == SandboxLimits()
   assert len(settings.cells()) == cfg.evaluator.cells_per_track * len(workflow.TRACKS)
-  assert RunOptions.from_config(cfg.evaluator).workers == cfg.evaluator.workers

@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from bat_jax.bicurl.policy import SGLangPolicyServer, make_policy_server
-from bat_jax.config_validation import validate_config
+from bat_jax.run_config import RunConfig
 from bat_jax.rollout.engine import GenerateRequest, SamplingParams
 from bat_jax.rollout.sglang_launcher import group_alive
 from configs import tiny
@@ -33,8 +33,7 @@ def _config():
       "rollout.limits.max_context_tokens": 64,
       "rollout.sglang.extra_args": ("--num-slots", "2", "--prefill-chunk", "32",
                                     "--decode-block", "8")})
-  validate_config(cfg)
-  return cfg
+  return RunConfig.from_config(cfg)
 
 
 def test_launched_bat_jax_serve_syncs_weights_per_step_and_releases_memory(
