@@ -95,7 +95,9 @@ def main(argv: list[str]) -> None:
   from bat_jax.bicurl import bank as bank_lib, loop, policy, setup
   from bat_jax.bicurl.state import RunPaths
   from bat_jax.checkpointing import export_hf
-  cfg, paths = _CONFIG.value, RunPaths(Path(_WORKDIR.value).absolute())
+  from bat_jax.run_config import RunConfig
+  cfg = RunConfig.from_config(_CONFIG.value)
+  paths = RunPaths(Path(_WORKDIR.value).absolute())
   paths.workdir.mkdir(parents=True, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", str(paths.workdir / "xla_cache"))
   t0 = time.time()
