@@ -19,7 +19,8 @@ from bat_jax.rollout.trajectory import Trajectory, collate, group_by_state
 from bat_jax.rollout_protocol import FINISH_REASONS, UNTRAINABLE_FINISH_REASONS, RolloutLimits
 
 __all__ = [
-    "AgentLoop", "AgentTurn", "Completion", "ContextLengthExceededError", "Engine", "Environment", "FINISH_REASONS",
+    "AgentLoop", "AgentTurn", "Completion", "ContextLengthExceededError", "Engine", "Environment",
+    "FINISH_REASONS",
     "GenerateRequest", "JaxEngine", "JaxEngineConfig", "PolicyAgent", "PromptTooLongError",
     "ProtocolError", "RequestRejectedError", "RetryPolicy", "RolloutItem", "RolloutLimits",
     "SGLangClient", "SGLangEngine", "SGLangError", "SGLangLaunchConfig", "SamplingParams",

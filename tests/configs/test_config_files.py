@@ -10,6 +10,7 @@ from ml_collections import config_flags
 
 from bat_jax import curriculum, gate, workflow
 from bat_jax.config_validation import ConfigError, validate_config
+from bat_jax.run_config import RunConfig
 from configs import base, bat4b, bat9b, tiny, tiny_sweeps
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -191,6 +192,11 @@ def test_gpu_configs_match_the_reference_recipe(module):
   assert cfg.rollout.limits.max_response_tokens == turns["max_cumulative_response_tokens"]
   assert cfg.rollout.limits.max_observation_chars == turns["max_tool_observation_characters"]
 
+
+@pytest.mark.parametrize("module", [bat4b, bat9b], ids=["bat4b", "bat9b"])
+def test_gpu_configs_match_the_reference_round_view_gate_and_curriculum(module):
+  cfg = module.get_config()
+  run = RunConfig.from_config(cfg)
   view = REFERENCE["data"]["round_view"]
   assert cfg.curriculum.pool_mix.to_dict() == view["pool_rows_per_batch"]
   assert sum(cfg.curriculum.pool_mix.to_dict().values()) == view["rows_per_batch"]
@@ -204,14 +210,13 @@ def test_gpu_configs_match_the_reference_recipe(module):
   assert cfg.gate.max_stage_drop == ref_gate["maximum_s3_s5_stage_drop"]
   assert cfg.gate.guarded_stages == ("S3", "S4", "S5")
   assert cfg.gate.catastrophic_overall_drop == ref_gate["catastrophic_overall_drop"]
-  assert gate.GateThresholds.from_config(cfg.gate) == gate.GateThresholds()
+  assert run.gate == gate.GateThresholds()
 
   selection = REFERENCE["target_selection"]
   assert cfg.curriculum.mode == "argmin"
   assert tuple(selection["stage_order"]) == workflow.STAGES
   # The configured curriculum applies the release's pool mix.
-  pool = curriculum.weights({"S1": 0.5}, None, True,
-                            curriculum.CurriculumConfig.from_config(cfg.curriculum)).pool_mix
+  pool = curriculum.weights({"S1": 0.5}, None, True, run.curriculum).pool_mix
   assert pool == {p: n / view["rows_per_batch"] for p, n in view["pool_rows_per_batch"].items()}
   assert {s["id"]: s["agentic_weight"] for s in REFERENCE["stages"]} == dict(
       workflow.STAGE_WEIGHTS)
