@@ -45,6 +45,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from bat_jax import workflow
+from bat_jax.stagebank.rounds import RoundWeights
 
 NUM_STAGES = len(workflow.STAGES)
 NUM_POOLS = len(workflow.POOLS)
@@ -228,13 +229,13 @@ def stage_vector(scores: Optional[ScoreDict], name: str = "stage_scores") -> np.
 def weights(candidate_scores: Union[ArrayLike, ScoreDict],
             baseline_scores: Union[ArrayLike, ScoreDict, None],
             gate_passed: Any,
-            cfg: CurriculumConfig) -> tuple[Any, Any]:
+            cfg: CurriculumConfig) -> Union[RoundWeights, tuple[jax.Array, jax.Array]]:
   """Pool mix and stage weights for the next round.
 
-  Arrays in (`[..., 5]`, NaN = null): arrays out, see `weights_array` (jittable, vmappable).
-  Dicts in (`{"S1": 0.7, ..., "S5": None}`, the evaluator's `stage_scores`): dicts out,
-  `({"s_target": p, "s_mix": p, "e2e": p}, {"S1": w, ..., "S5": w})` of Python floats, the
-  form the Stage Bank consumes. `baseline_scores` may be None (first round: no baseline).
+  Arrays in (`[..., 5]`, NaN = null): `(pool_mix, stage_weights)` arrays out, see
+  `weights_array` (jittable, vmappable). Dicts in (`{"S1": 0.7, ..., "S5": None}`, the
+  evaluator's `stage_scores`): the `RoundWeights` the outer loop keeps and the Stage Bank
+  builds the round with. `baseline_scores` may be None (first round: no baseline).
   """
   if not isinstance(candidate_scores, Mapping):
     return weights_array(candidate_scores, baseline_scores, gate_passed, cfg)
@@ -243,7 +244,7 @@ def weights(candidate_scores: Union[ArrayLike, ScoreDict],
   cand = stage_vector(candidate_scores, "candidate_scores")
   base = stage_vector(baseline_scores, "baseline_scores")
   pool, stage = weights_array(cand, base, bool(gate_passed), cfg)
-  return pool_dict(pool), stage_dict(stage)
+  return RoundWeights(pool_dict(pool), stage_dict(stage))
 
 
 def stage_dict(stage_weights: ArrayLike) -> dict[str, float]:

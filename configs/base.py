@@ -55,222 +55,303 @@ def parse_arg(arg: Optional[str], **defaults: Any) -> ml_collections.ConfigDict:
   return out
 
 
-def base_config() -> ml_collections.ConfigDict:
-  """The unlocked tree with reference-recipe defaults; configs override and then lock it."""
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-
-  c.model = ml_collections.ConfigDict()
-  c.model.source = "pretrained"          # scratch | pretrained
-  c.model.path = config_dict.placeholder(str)  # local HF checkpoint dir (pretrained)
-  c.model.hf_config = ml_collections.ConfigDict()  # HF config.json fields (scratch only)
+def model_config() -> ml_collections.ConfigDict:
+  """The policy: where it comes from and its dtypes."""
+  s = ml_collections.ConfigDict()
+  s.source = "pretrained"          # scratch | pretrained
+  s.path = config_dict.placeholder(str)  # local HF checkpoint dir (pretrained)
+  s.hf_config = ml_collections.ConfigDict()  # HF config.json fields (scratch only)
   # bf16 compute (the release trains in bf16); fp32 master params, because a 2.5e-7 update is
   # below bf16's resolution for weights of order 1e-2 and would round away.
-  c.model.dtype = "bfloat16"
-  c.model.param_dtype = "float32"
+  s.dtype = "bfloat16"
+  s.param_dtype = "float32"
   # Softmax attention kernel of the trained policy (bat_jax.model.attention.ATTENTION_IMPLS):
   # None picks automatically and would take cuDNN on any GPU, but cuDNN flash attention with
   # Qwen3.5's head_dim 256 needs Hopper (sm90) or newer; set "chunked" (or "xla") on older GPUs.
-  c.model.attention_impl = config_dict.placeholder(str)
+  s.attention_impl = config_dict.placeholder(str)
+  return s
 
-  c.tokenizer = ml_collections.ConfigDict()
-  c.tokenizer.source = "pretrained"      # pretrained (read from `path`) | train
-  c.tokenizer.path = config_dict.placeholder(str)  # defaults to model.path when unset
-  c.tokenizer.train = ml_collections.ConfigDict()
-  c.tokenizer.train.vocab_size = 4096    # includes the special tokens
-  c.tokenizer.train.corpus_tasks = 256   # task instances rendered into the training corpus
+
+def tokenizer_config() -> ml_collections.ConfigDict:
+  """The tokenizer: pretrained or trained locally, and the system message's tool block."""
+  s = ml_collections.ConfigDict()
+  s.source = "pretrained"      # pretrained (read from `path`) | train
+  s.path = config_dict.placeholder(str)  # defaults to model.path when unset
+  s.train = ml_collections.ConfigDict()
+  s.train.vocab_size = 4096    # includes the special tokens
+  s.train.corpus_tasks = 256   # task instances rendered into the training corpus
   # Tool block of the system message: the chat template's own (Qwen's ~650-token preamble) or
   # `compact` (a few lines; bat_jax.model.compact_chat) for small policies trained from scratch.
-  c.tokenizer.tool_preamble = "template"
+  s.tool_preamble = "template"
+  return s
 
-  c.mesh = ml_collections.ConfigDict()
-  c.mesh.data = -1                       # -1: all devices left over
-  c.mesh.fsdp = 1
-  c.mesh.tensor = 1
-  c.sharding = ml_collections.ConfigDict()
+
+def mesh_config() -> ml_collections.ConfigDict:
+  """Device mesh axis sizes."""
+  s = ml_collections.ConfigDict()
+  s.data = -1                       # -1: all devices left over
+  s.fsdp = 1
+  s.tensor = 1
+  return s
+
+
+def sharding_config() -> ml_collections.ConfigDict:
+  """Logical-axis to mesh-axis rules."""
+  s = ml_collections.ConfigDict()
   # Logical axes (the names bat_jax.model puts on params and activations) -> mesh axes. The
   # default is FSDP on "embed", tensor parallel on vocab / mlp / heads ("tensor" is size 1
   # unless a config raises it); a config overrides the whole tuple.
-  c.sharding.rules = sharding.DEFAULT_RULES
+  s.rules = sharding.DEFAULT_RULES
+  return s
 
-  c.distributed = ml_collections.ConfigDict()
-  c.distributed.enabled = False          # jax.distributed.initialize() before anything else
-  c.distributed.coordinator_address = config_dict.placeholder(str)  # None: auto-detect
-  c.distributed.num_processes = config_dict.placeholder(int)
-  c.distributed.process_id = config_dict.placeholder(int)
+
+def distributed_config() -> ml_collections.ConfigDict:
+  """Multi-process JAX (jax.distributed) and its share of GPU memory."""
+  s = ml_collections.ConfigDict()
+  s.enabled = False          # jax.distributed.initialize() before anything else
+  s.coordinator_address = config_dict.placeholder(str)  # None: auto-detect
+  s.num_processes = config_dict.placeholder(int)
+  s.process_id = config_dict.placeholder(int)
   # JAX's share of GPU memory (XLA_PYTHON_CLIENT_MEM_FRACTION) when SGLang shares the GPUs.
-  c.distributed.xla_mem_fraction = config_dict.placeholder(float)
+  s.xla_mem_fraction = config_dict.placeholder(float)
+  return s
 
-  # The shared trainer (bat_jax.train): dtypes the step uses and what it keeps across rounds.
-  c.trainer = ml_collections.ConfigDict()
+
+def trainer_config() -> ml_collections.ConfigDict:
+  """The shared trainer (bat_jax.train): dtypes the step uses and what it keeps across rounds."""
+  s = ml_collections.ConfigDict()
   # dtype the fp32 master params are cast to (on each shard) before the forward, so FSDP
   # gathers and matmuls move bf16; None: use them as stored.
-  c.trainer.weight_dtype = config_dict.placeholder(str)
+  s.weight_dtype = config_dict.placeholder(str)
   # dtype of the frozen KL reference copy (its logprobs come from their own pass); None: as stored.
-  c.trainer.reference_dtype = config_dict.placeholder(str)
+  s.reference_dtype = config_dict.placeholder(str)
   # Round artifacts kept (orbax round checkpoints and candidate exports): the last N rounds;
   # the promoted policy's export and the SFT policy are always kept.
-  c.trainer.keep_rounds = 2
+  s.keep_rounds = 2
+  return s
 
+
+def memory_config() -> ml_collections.ConfigDict:
+  """How trainer and rollout server share each accelerator."""
   # How trainer and rollout server share each accelerator (README "GPU memory layout"; checked by
   # python -m bat_jax.memory_plan). "fraction": fixed split, JAX gets distributed.xla_mem_fraction.
   # "timeshare": the rollout server releases its weights and KV pool around every train step
   # (SGLang /release_memory_occupation, /resume_memory_occupation) and JAX allocates without a
   # pool (XLA_PYTHON_CLIENT_ALLOCATOR=platform), so between steps it holds only params, moments
   # and reference; a step may use all but `rollout_reserved_gib`.
-  c.memory = ml_collections.ConfigDict()
-  c.memory.layout = "fraction"
-  c.memory.device_gib = 80.0
-  c.memory.rollout_reserved_gib = 4.0    # timeshare: what a released rollout server still holds
+  s = ml_collections.ConfigDict()
+  s.layout = "fraction"
+  s.device_gib = 80.0
+  s.rollout_reserved_gib = 4.0    # timeshare: what a released rollout server still holds
+  return s
 
-  # Cold-start SFT, run once (release: full parameter, bf16, 8 devices x 1 x 4 accumulation).
-  c.sft = ml_collections.ConfigDict()
-  c.sft.steps = 200
-  c.sft.global_batch_size = 32
-  c.sft.micro_batches = 4                # gradient accumulation steps
-  c.sft.max_seq_len = 8192
-  c.sft.lr = 2e-5
-  c.sft.warmup_steps = 0                 # not in the release
-  c.sft.schedule = "constant"            # not in the release
-  c.sft.weight_decay = 0.0               # not in the release
-  c.sft.max_grad_norm = 1.0              # not in the release
-  c.sft.validation_fraction = 0.05
-  c.sft.max_validation_examples = 512
-  c.sft.num_examples = 6400              # rows drawn from the Stage Bank (steps x batch)
+
+def sft_config() -> ml_collections.ConfigDict:
+  """Cold-start SFT, run once (release: full parameter, bf16, 8 devices x 1 x 4 accumulation)."""
+  s = ml_collections.ConfigDict()
+  s.steps = 200
+  s.global_batch_size = 32
+  s.micro_batches = 4                # gradient accumulation steps
+  s.max_seq_len = 8192
+  s.lr = 2e-5
+  s.warmup_steps = 0                 # not in the release
+  s.schedule = "constant"            # not in the release
+  s.weight_decay = 0.0               # not in the release
+  s.max_grad_norm = 1.0              # not in the release
+  s.validation_fraction = 0.05
+  s.max_validation_examples = 512
+  s.num_examples = 6400              # rows drawn from the Stage Bank (steps x batch)
   # Further tasks per grid state giving only each focus's first-action row (nothing executed;
   # bat_jax.stagebank.sft_rows.SftSpec): task diversity for small from-scratch policies.
-  c.sft.first_action_tasks = 0
-  c.sft.remat = "full"
-  c.sft.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3})
+  s.first_action_tasks = 0
+  s.remat = "full"
+  s.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3})
+  return s
 
-  # GRPO, one round = steps_per_round updates; evaluation once after each round.
-  c.grpo = ml_collections.ConfigDict()
-  c.grpo.rounds = 10
-  c.grpo.steps_per_round = 50
-  c.grpo.prompt_groups = 8               # state_ids per update
-  c.grpo.group_size = 4                  # continuations per state_id
-  c.grpo.lr = 2.5e-7
-  c.grpo.warmup_steps = 0                # not in the release
-  c.grpo.schedule = "constant"           # not in the release
-  c.grpo.weight_decay = 0.0              # not in the release
-  c.grpo.kl_coef = 0.006                 # KL as a loss term, never in the reward
-  c.grpo.kl_estimator = "k3"             # not in the release (verl's low_var_kl, clamped as verl)
+
+def grpo_config() -> ml_collections.ConfigDict:
+  """GRPO, one round = steps_per_round updates; evaluation once after each round."""
+  s = ml_collections.ConfigDict()
+  s.rounds = 10
+  s.steps_per_round = 50
+  s.prompt_groups = 8               # state_ids per update
+  s.group_size = 4                  # continuations per state_id
+  s.lr = 2.5e-7
+  s.warmup_steps = 0                # not in the release
+  s.schedule = "constant"           # not in the release
+  s.weight_decay = 0.0              # not in the release
+  s.kl_coef = 0.006                 # KL as a loss term, never in the reward
+  s.kl_estimator = "k3"             # not in the release (verl's low_var_kl, clamped as verl)
   # The KL anchor: "sft" (the cold-start SFT policy, every round; verl's reference is the model
   # the RL run started from) or "round_start" (the policy each round starts from). README argues
   # the default.
-  c.grpo.kl_reference = "sft"
-  c.grpo.loss_agg = "seq-mean-token-mean"
+  s.kl_reference = "sft"
+  s.loss_agg = "seq-mean-token-mean"
   # seq-mean-token-sum-norm's constant length (denominator = sequences x this; verl's
   # loss_scale_factor). None: rollout.limits.max_response_tokens.
-  c.grpo.loss_norm_length = config_dict.placeholder(int)
-  c.grpo.advantage = ml_collections.ConfigDict({"mode": "grpo", "std_normalize": False})
-  c.grpo.clip_low = 0.2                  # not in the release
-  c.grpo.clip_high = 0.2                 # not in the release
+  s.loss_norm_length = config_dict.placeholder(int)
+  s.advantage = ml_collections.ConfigDict({"mode": "grpo", "std_normalize": False})
+  s.clip_low = 0.2                  # not in the release
+  s.clip_high = 0.2                 # not in the release
   # Dual clip for A < 0: the loss is capped at -A * dual_clip. 3.0 is verl's clip_ratio_c
   # default (always on there); None turns it off. Not in the release.
-  c.grpo.dual_clip = config_dict.FieldReference(3.0, field_type=float)
+  s.dual_clip = config_dict.FieldReference(3.0, field_type=float)
   # Truncated importance sampling: per-token weight min(exp(old_logp - sampler_logp), tis_cap)
   # against sampler/trainer mismatch (verl's tis_imp_ratio_cap; 2.0 is a common value). None: off.
-  c.grpo.tis_cap = config_dict.placeholder(float)
-  c.grpo.max_grad_norm = 1.0             # not in the release
-  c.grpo.micro_batches = 4
-  c.grpo.logprob_chunk_size = 512        # sequence chunk of the taken-token logprob scan
-  c.grpo.remat = "full"
-  c.grpo.checkpoint = ml_collections.ConfigDict({"every": 5, "keep": 3})
+  s.tis_cap = config_dict.placeholder(float)
+  s.max_grad_norm = 1.0             # not in the release
+  s.micro_batches = 4
+  s.logprob_chunk_size = 512        # sequence chunk of the taken-token logprob scan
+  s.remat = "full"
+  s.checkpoint = ml_collections.ConfigDict({"every": 5, "keep": 3})
+  return s
 
-  c.rollout = ml_collections.ConfigDict()
-  c.rollout.engine = "sglang"            # jax (in process) | sglang (servers + weight sync)
+
+def rollout_config() -> ml_collections.ConfigDict:
+  """Rollouts: engine, sampling, per-trajectory limits and the engines' settings."""
+  s = ml_collections.ConfigDict()
+  s.engine = "sglang"            # jax (in process) | sglang (servers + weight sync)
   # Field names follow bat_jax.rollout: SamplingParams (less the per-turn max_new_tokens and
   # stop ids, which the agent loop sets) and RolloutLimits.
-  c.rollout.sampling = ml_collections.ConfigDict()
-  c.rollout.sampling.temperature = 0.7
-  c.rollout.sampling.top_p = 1.0
-  c.rollout.sampling.top_k = -1          # -1: off (SGLang's convention)
-  c.rollout.limits = ml_collections.ConfigDict()
-  c.rollout.limits.max_assistant_turns = 24
-  c.rollout.limits.max_tool_calls = 23
-  c.rollout.limits.max_response_tokens = 16384   # cumulative over the trajectory
-  c.rollout.limits.max_observation_chars = 2048
-  c.rollout.limits.max_turn_tokens = 4096        # per assistant turn; not in the release
-  c.rollout.limits.max_code_chars = 32768        # per tool call; not in the release
-  c.rollout.limits.max_context_tokens = config_dict.placeholder(int)  # None: engine decides
-  c.rollout.max_concurrent_trajectories = 32     # one update's worth (8 groups x 4)
-  c.rollout.jax = ml_collections.ConfigDict()
-  c.rollout.jax.batch_size = 32          # rows decoded together
-  c.rollout.jax.max_len = 49152          # KV-cache length: prompt + responses + observations
-  c.rollout.jax.prefill_chunk = 512
-  c.rollout.sglang = ml_collections.ConfigDict()
-  c.rollout.sglang.launch = True         # start servers; False: connect to `urls`
-  c.rollout.sglang.urls = ()             # e.g. ("http://host:30000",) when launch is False
+  s.sampling = ml_collections.ConfigDict()
+  s.sampling.temperature = 0.7
+  s.sampling.top_p = 1.0
+  s.sampling.top_k = -1          # -1: off (SGLang's convention)
+  s.limits = ml_collections.ConfigDict()
+  s.limits.max_assistant_turns = 24
+  s.limits.max_tool_calls = 23
+  s.limits.max_response_tokens = 16384   # cumulative over the trajectory
+  s.limits.max_observation_chars = 2048
+  s.limits.max_turn_tokens = 4096        # per assistant turn; not in the release
+  s.limits.max_code_chars = 32768        # per tool call; not in the release
+  s.limits.max_context_tokens = config_dict.placeholder(int)  # None: engine decides
+  s.max_concurrent_trajectories = 32     # one update's worth (8 groups x 4)
+  s.jax = ml_collections.ConfigDict()
+  s.jax.batch_size = 32          # rows decoded together
+  s.jax.max_len = 49152          # KV-cache length: prompt + responses + observations
+  s.jax.prefill_chunk = 512
+  s.sglang = ml_collections.ConfigDict()
+  s.sglang.launch = True         # start servers; False: connect to `urls`
+  s.sglang.urls = ()             # e.g. ("http://host:30000",) when launch is False
   # sglang.launch_server (GPU) | bat_jax.serve (our server over the JAX engine, same flags).
-  c.rollout.sglang.server_module = "sglang.launch_server"
+  s.sglang.server_module = "sglang.launch_server"
   # The server's interpreter: SGLang 0.5.23 needs its own venv (`bash .ci/run --setup-only
   # --gpu` makes .venv-sglang). None: this interpreter (right for bat_jax.serve).
-  c.rollout.sglang.python = config_dict.placeholder(str)
-  c.rollout.sglang.port = 30000          # 0: any free port
-  c.rollout.sglang.dtype = "bfloat16"    # --dtype, and the dtype of the exported weights
+  s.sglang.python = config_dict.placeholder(str)
+  s.sglang.port = 30000          # 0: any free port
+  s.sglang.dtype = "bfloat16"    # --dtype, and the dtype of the exported weights
   # SGLang 0.5.23: a fraction of the GPU memory FREE when the server starts (after the JAX
   # trainer took distributed.xla_mem_fraction), for weights + KV pool.
-  c.rollout.sglang.mem_fraction_static = 0.5
+  s.sglang.mem_fraction_static = 0.5
   # Free the server's weights + KV (/release_memory_occupation) for each train step and take
   # them back (/resume_memory_occupation) before the weight sync; adds --enable-memory-saver.
-  c.rollout.sglang.release_memory = False
-  c.rollout.sglang.tp_size = 1
-  c.rollout.sglang.dp_size = 8
-  c.rollout.sglang.extra_args = ()       # more launch flags, e.g. ("--num-slots", "8")
-  c.rollout.sglang.startup_timeout_s = 900.0
-  c.rollout.sglang.request_timeout_s = 600.0
-  c.rollout.sglang.max_retries = 5       # connection errors and 5xx, exponential backoff
+  s.sglang.release_memory = False
+  s.sglang.tp_size = 1
+  s.sglang.dp_size = 8
+  s.sglang.extra_args = ()       # more launch flags, e.g. ("--num-slots", "8")
+  s.sglang.startup_timeout_s = 900.0
+  s.sglang.request_timeout_s = 600.0
+  s.sglang.max_retries = 5       # connection errors and 5xx, exponential backoff
+  return s
 
-  c.sandbox = ml_collections.ConfigDict()
-  c.sandbox.wall_s = 30.0
-  c.sandbox.cpu_s = 20
-  c.sandbox.memory_mb = 1024
-  c.sandbox.max_procs = 64
-  c.sandbox.max_output_bytes = 1 << 20
-  c.sandbox.max_workspace_mb = 256
 
+def sandbox_config() -> ml_collections.ConfigDict:
+  """Per-tool-call sandbox limits (bat_jax.sandbox.SandboxLimits)."""
+  s = ml_collections.ConfigDict()
+  s.wall_s = 30.0
+  s.cpu_s = 20
+  s.memory_mb = 1024
+  s.max_procs = 64
+  s.max_output_bytes = 1 << 20
+  s.max_workspace_mb = 256
+  return s
+
+
+def stagebank_config() -> ml_collections.ConfigDict:
+  """The Stage Bank: round view size, seed and how the outer loop reaches it."""
   # Round view: n_batches x (pool rows per batch, curriculum.pool_mix) = 378 x 8 = 3,024 rows.
-  c.stagebank = ml_collections.ConfigDict()
-  c.stagebank.n_batches = 378
-  c.stagebank.seed = 0
-  c.stagebank.mode = "spawn"             # spawn `python -m bat_jax.stagebank serve` | connect
-  c.stagebank.dir = config_dict.placeholder(str)  # None: WORKDIR/stagebank
-  c.stagebank.request_timeout_s = 3600.0
+  s = ml_collections.ConfigDict()
+  s.n_batches = 378
+  s.seed = 0
+  s.mode = "spawn"             # spawn `python -m bat_jax.stagebank serve` | connect
+  s.dir = config_dict.placeholder(str)  # None: WORKDIR/stagebank
+  s.request_timeout_s = 3600.0
+  return s
 
-  # What an action is (both sides: SFT rows, Stage Bank rows, rollouts, held-out cells).
-  c.workflow = ml_collections.ConfigDict()
-  c.workflow.action_space = "code"       # code (the reference) | stage_tools (workspace CLIs)
 
-  c.evaluator = ml_collections.ConfigDict()
-  c.evaluator.kind = "builtin"           # builtin held-out teacher | external argv adapter
-  c.evaluator.tier = "lite"              # lite | standard
-  c.evaluator.seed = 20260816            # fixes the paired cells
-  c.evaluator.cells_per_track = 6        # paired cells per track, fixed by evaluator.seed
-  c.evaluator.workers = 8
-  c.evaluator.external = ml_collections.ConfigDict()
+def workflow_config() -> ml_collections.ConfigDict:
+  """What an action is (both sides: SFT rows, Stage Bank rows, rollouts, held-out cells)."""
+  s = ml_collections.ConfigDict()
+  s.action_space = "code"       # code (the reference) | stage_tools (workspace CLIs)
+  return s
+
+
+def evaluator_config() -> ml_collections.ConfigDict:
+  """The held-out evaluator: kind, tier and the paired cells."""
+  s = ml_collections.ConfigDict()
+  s.kind = "builtin"           # builtin held-out teacher | external argv adapter
+  s.tier = "lite"              # lite | standard
+  s.seed = 20260816            # fixes the paired cells
+  s.cells_per_track = 6        # paired cells per track, fixed by evaluator.seed
+  s.workers = 8
+  s.external = ml_collections.ConfigDict()
   # JSON-list-style argv, no shell; placeholders {checkpoint} {request} {output}.
-  c.evaluator.external.argv = ()
-  c.evaluator.external.timeout_s = 7200.0
+  s.external.argv = ()
+  s.external.timeout_s = 7200.0
+  return s
 
-  c.curriculum = ml_collections.ConfigDict()
-  c.curriculum.mode = "argmin"           # bat_jax.curriculum.MODES
-  c.curriculum.temperature = 0.1         # softmin only
-  c.curriculum.pool_mix = ml_collections.ConfigDict({"s_target": 4, "s_mix": 2, "e2e": 2})
 
-  c.gate = ml_collections.ConfigDict()
-  c.gate.max_overall_drop = 0.01
-  c.gate.max_task_drop = 0.03
-  c.gate.max_track_drop = 0.05
-  c.gate.max_stage_drop = 0.03
-  c.gate.guarded_stages = ("S3", "S4", "S5")
-  c.gate.catastrophic_overall_drop = 0.20
-  c.gate.tolerance = 1e-9                # float-representation slack at the boundaries
+def curriculum_config() -> ml_collections.ConfigDict:
+  """The curriculum's mode and pool mix (bat_jax.curriculum.CurriculumConfig)."""
+  s = ml_collections.ConfigDict()
+  s.mode = "argmin"           # bat_jax.curriculum.MODES
+  s.temperature = 0.1         # softmin only
+  s.pool_mix = ml_collections.ConfigDict({"s_target": 4, "s_mix": 2, "e2e": 2})
+  return s
 
-  c.logging = ml_collections.ConfigDict()
-  c.logging.tensorboard = True
-  c.logging.progress = True
-  c.logging.log_every_steps = 1
+
+def gate_config() -> ml_collections.ConfigDict:
+  """Promotion gate thresholds (bat_jax.gate.GateThresholds)."""
+  s = ml_collections.ConfigDict()
+  s.max_overall_drop = 0.01
+  s.max_task_drop = 0.03
+  s.max_track_drop = 0.05
+  s.max_stage_drop = 0.03
+  s.guarded_stages = ("S3", "S4", "S5")
+  s.catastrophic_overall_drop = 0.20
+  s.tolerance = 1e-9                # float-representation slack at the boundaries
+  return s
+
+
+def logging_config() -> ml_collections.ConfigDict:
+  """TensorBoard, progress bars and how often to log."""
+  s = ml_collections.ConfigDict()
+  s.tensorboard = True
+  s.progress = True
+  s.log_every_steps = 1
+  return s
+
+def base_config() -> ml_collections.ConfigDict:
+  """The unlocked tree with reference-recipe defaults; configs override and then lock it."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.model = model_config()
+  c.tokenizer = tokenizer_config()
+  c.mesh = mesh_config()
+  c.sharding = sharding_config()
+  c.distributed = distributed_config()
+  c.trainer = trainer_config()
+  c.memory = memory_config()
+  c.sft = sft_config()
+  c.grpo = grpo_config()
+  c.rollout = rollout_config()
+  c.sandbox = sandbox_config()
+  c.stagebank = stagebank_config()
+  c.workflow = workflow_config()
+  c.evaluator = evaluator_config()
+  c.curriculum = curriculum_config()
+  c.gate = gate_config()
+  c.logging = logging_config()
   return c
 
 

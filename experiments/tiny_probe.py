@@ -39,16 +39,16 @@ _MAX_ROWS = flags.DEFINE_integer("max_rows", 64, "validation rows to decode at m
 flags.mark_flags_as_required(["workdir"])
 
 
-def _validation_rows(cfg, rows_dir: Path, chat) -> list[tuple[dict, list[int], list[int]]]:
+def _validation_rows(cfg, rows_dir: Path, chat_format) -> list[tuple[dict, list[int], list[int]]]:
   """`(metadata, prompt ids, target ids)` of the rows `setup.sft_examples` holds out."""
   from bat_jax.bicurl import setup
   from bat_jax.stagebank import sft_rows
   rows = sft_rows.load_sft_rows(rows_dir)
-  encoded = [chat.encode_sft_example(r["messages"], sft_rows.target_action(r)) for r in rows]
+  encoded = [chat_format.encode_sft_example(r["messages"], sft_rows.target_action(r)) for r in rows]
   kept = [i for i, (ids, _) in enumerate(encoded) if len(ids) <= cfg.sft.max_seq_len]
   order = list(range(len(kept)))
   random.Random(cfg.seed).shuffle(order)  # the permutation `sft_examples` applies
-  train, validation = setup.sft_examples(cfg, rows_dir, chat)
+  train, validation = setup.sft_examples(cfg, rows_dir, chat_format)
   out = []
   for j in order[:len(validation)]:
     ids, mask = encoded[kept[j]]
@@ -59,14 +59,14 @@ def _validation_rows(cfg, rows_dir: Path, chat) -> list[tuple[dict, list[int], l
   return out
 
 
-def _code(chat, text: str) -> str | None:
-  turn = chat.parse_actions(text)
+def _code(chat_format, text: str) -> str | None:
+  turn = chat_format.parse_actions(text)
   if not turn.ok or not turn.actions:
     return None
   return turn.actions[0]["arguments"].get("code", "").strip()
 
 
-def decode_scores(cfg, model, chat, rows) -> dict:
+def decode_scores(cfg, model, chat_format, rows) -> dict:
   """Greedy target turns of `rows`; `{format, exact}` rates per stage and per action index."""
   from bat_jax.bicurl.policy import JaxPolicyServer
   from bat_jax.rollout.engine import GenerateRequest, SamplingParams
@@ -76,9 +76,9 @@ def decode_scores(cfg, model, chat, rows) -> dict:
   tally = collections.defaultdict(lambda: [0, 0, 0])
   samples = []
   for (meta, _, target), completion in zip(rows, done):
-    want = _code(chat, chat.decode(target))
-    got_text = chat.decode(completion.output_ids)
-    got = _code(chat, got_text)
+    want = _code(chat_format, chat_format.decode(target))
+    got_text = chat_format.decode(completion.output_ids)
+    got = _code(chat_format, got_text)
     for key in (f"stage={meta['stage']}", f"action={meta['action_index']}", "all"):
       tally[key][0] += 1
       tally[key][1] += got is not None
@@ -95,7 +95,9 @@ def main(argv: list[str]) -> None:
   from bat_jax.bicurl import bank as bank_lib, loop, policy, setup
   from bat_jax.bicurl.state import RunPaths
   from bat_jax.checkpointing import export_hf
-  cfg, paths = _CONFIG.value, RunPaths(Path(_WORKDIR.value).absolute())
+  from bat_jax.run_config import RunConfig
+  cfg = RunConfig.from_config(_CONFIG.value)
+  paths = RunPaths(Path(_WORKDIR.value).absolute())
   paths.workdir.mkdir(parents=True, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", str(paths.workdir / "xla_cache"))
   t0 = time.time()
@@ -106,23 +108,23 @@ def main(argv: list[str]) -> None:
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
   tok_dir = setup.prepare_tokenizer(cfg, paths.tokenizer)
-  chat = setup.chat_format(cfg, tok_dir)
+  chat_format = setup.chat_format(cfg, tok_dir)
   if not paths.markers.is_file():
     bank_lib.write_markers(cfg, paths.markers)
   rows_dir = setup.prepare_sft_rows(cfg, paths.sft_rows, paths.markers)
   t_setup = time.time() - t0
   # The main job's own cold start (private to the loop; the probe must not drift from it).
   cold_start, tracker = loop._cold_start, loop._Tracker  # pylint: disable=protected-access
-  model, nll = cold_start(cfg, paths, chat, tracker(cfg, paths))
+  model, nll = cold_start(cfg, paths, chat_format, tracker(cfg, paths))
   t_sft = time.time() - t0 - t_setup
-  rows = _validation_rows(cfg, rows_dir, chat)[:_MAX_ROWS.value]
+  rows = _validation_rows(cfg, rows_dir, chat_format)[:_MAX_ROWS.value]
   result = {"validation_nll": nll, "seconds": {"setup": t_setup, "sft": t_sft},
-            **decode_scores(cfg, model, chat, rows)}
+            **decode_scores(cfg, model, chat_format, rows)}
   result["seconds"]["decode"] = time.time() - t0 - t_setup - t_sft
   if _HELDOUT.value:
     export_hf(model, paths.policy("sft"), tokenizer_dir=tok_dir)
     server = policy.make_policy_server(model, cfg, paths.workdir, tok_dir)
-    report = policy.evaluate_policy(cfg, server, chat, paths.policy("sft"),
+    report = policy.evaluate_policy(cfg, server, chat_format, paths.policy("sft"),
                                     paths.eval_report("sft"), paths.eval_records("sft"))
     result["heldout"] = {k: report.get(k) for k in ("overall", "stage_scores", "task",
                                                    "agentic", "failure_categories")}

@@ -19,9 +19,10 @@ ARGMIN = CurriculumConfig(mode="argmin")
 
 def _target(cand, base=None, gate_passed=True):
   """The stage an argmin round trains on: the one holding all the stage weight."""
-  _, stage = curriculum.weights(cand, base, gate_passed, ARGMIN)
-  if isinstance(stage, dict):
+  if isinstance(cand, dict):
+    stage = curriculum.weights(cand, base, gate_passed, ARGMIN).stage_weights
     return max(stage, key=stage.get)
+  _, stage = curriculum.weights(cand, base, gate_passed, ARGMIN)
   return STAGES[int(np.argmax(np.asarray(stage)))]
 SOFTMIN = CurriculumConfig(mode="softmin", temperature=0.1)
 ALL_MODES = tuple(CurriculumConfig(mode=m, temperature=0.1) for m in curriculum.MODES)
@@ -64,7 +65,8 @@ vector = st.lists(score, min_size=5, max_size=5)
 def test_reference_case_lowest_stage():
   cand = {"S1": 0.70, "S2": 0.55, "S3": 0.20, "S4": 0.45, "S5": 0.60}
   assert _target(cand, None, True) == "S3"
-  pool, stage = curriculum.weights(cand, None, True, ARGMIN)
+  w = curriculum.weights(cand, None, True, ARGMIN)
+  pool, stage = w.pool_mix, w.stage_weights
   assert stage == {"S1": 0.0, "S2": 0.0, "S3": 1.0, "S4": 0.0, "S5": 0.0}
   assert pool == {"s_target": 0.5, "s_mix": 0.25, "e2e": 0.25}
 
@@ -72,7 +74,7 @@ def test_reference_case_lowest_stage():
 def test_reference_case_tie_goes_to_earliest():
   cand = {"S1": 0.40, "S2": 0.40, "S3": 0.65, "S4": 0.70, "S5": 0.75}
   assert _target(cand, None, True) == "S1"
-  _, stage = curriculum.weights(cand, None, True, ARGMIN)
+  stage = curriculum.weights(cand, None, True, ARGMIN).stage_weights
   assert stage["S1"] == 1.0 and stage["S2"] == 0.0
 
 
@@ -82,7 +84,7 @@ def test_reference_case_held_gate_targets_largest_regression():
   cand = {"S1": 0.60, "S2": 0.50, "S3": 0.46, "S4": 0.48, "S5": 0.70}
   assert _target(cand, base, gate_passed=False) == "S4"
   assert _target(cand, base, gate_passed=True) == "S3"
-  _, stage = curriculum.weights(cand, base, False, ARGMIN)
+  stage = curriculum.weights(cand, base, False, ARGMIN).stage_weights
   assert stage["S4"] == 1.0
 
 
@@ -196,10 +198,12 @@ def test_numpy_and_jax_inputs_agree():
 
 def test_uniform_and_e2e_only():
   cand = {"S1": 0.1, "S2": None, "S3": 0.9, "S4": 0.5, "S5": 0.5}
-  pool, stage = curriculum.weights(cand, None, True, CurriculumConfig(mode="uniform"))
+  w = curriculum.weights(cand, None, True, CurriculumConfig(mode="uniform"))
+  pool, stage = w.pool_mix, w.stage_weights
   assert stage == pytest.approx({"S1": 0.25, "S2": 0.0, "S3": 0.25, "S4": 0.25, "S5": 0.25})
   assert pool == {"s_target": 0.5, "s_mix": 0.25, "e2e": 0.25}
-  pool, stage = curriculum.weights(cand, None, True, CurriculumConfig(mode="e2e_only"))
+  w = curriculum.weights(cand, None, True, CurriculumConfig(mode="e2e_only"))
+  pool, stage = w.pool_mix, w.stage_weights
   assert pool == {"s_target": 0.0, "s_mix": 0.0, "e2e": 1.0}
   assert stage["S2"] == 0.0 and sum(stage.values()) == pytest.approx(1.0)
 
@@ -207,13 +211,13 @@ def test_uniform_and_e2e_only():
 def test_pool_mix_comes_from_config_rows_per_batch():
   cfg = CurriculumConfig.from_config({"mode": "argmin", "temperature": 0.1,
                                       "pool_mix": {"s_target": 6, "s_mix": 1, "e2e": 1}})
-  pool, _ = curriculum.weights({"S1": 0.5}, None, True, cfg)
+  pool = curriculum.weights({"S1": 0.5}, None, True, cfg).pool_mix
   assert pool == {"s_target": 0.75, "s_mix": 0.125, "e2e": 0.125}
 
 
 def test_dict_edge_treats_missing_and_nan_stages_as_null():
-  pool, stage = curriculum.weights({"S2": 0.9, "S4": float("nan"), "S5": 0.3}, None, True,
-                                   SOFTMIN)
+  w = curriculum.weights({"S2": 0.9, "S4": float("nan"), "S5": 0.3}, None, True, SOFTMIN)
+  pool, stage = w.pool_mix, w.stage_weights
   assert set(stage) == set(STAGES) and set(pool) == {"s_target", "s_mix", "e2e"}
   assert stage["S1"] == stage["S3"] == stage["S4"] == 0.0
   assert stage["S5"] > stage["S2"] > 0
@@ -244,11 +248,10 @@ def test_bad_shapes_modes_and_all_null_are_refused():
     CurriculumConfig.from_config({"pool_mix": {"s_target": 4, "mix": 2, "e2e": 2}})
 
 
-def test_dict_output_is_what_the_stage_bank_accepts():
+def test_dict_output_is_the_stage_banks_round_weights():
   from bat_jax.stagebank.rounds import RoundWeights
   cand = {"S1": 0.7, "S2": None, "S3": 0.2, "S4": 0.45, "S5": 0.6}
   for cfg in ALL_MODES:
-    pool, stage = curriculum.weights(cand, None, True, cfg)
-    accepted = RoundWeights(pool, stage)
-    assert accepted.stage_weights["S2"] == 0.0
-    assert accepted.pool_mix == pytest.approx(pool)
+    w = curriculum.weights(cand, None, True, cfg)
+    assert isinstance(w, RoundWeights) and w.stage_weights["S2"] == 0.0
+    assert RoundWeights.from_json(w.to_json()) == w  # the outer loop's state round-trips

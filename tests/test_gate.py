@@ -182,7 +182,7 @@ def evaluator_report(level: float, stage_s4: float) -> dict:
   track = {"overall": level, "task": level, "agentic": level, "stage_scores": stages,
            "cells": 3, "valid": 3}
   return {
-      "schema": "bat_jax.evaluator.report/v1", "tier": "lite",
+      "schema": "bat_jax.evaluator.report/v2", "tier": "lite",
       "stage_scores": stages, "task_score": level, "agentic": level, "overall": level,
       "track_scores": {t: dict(track) for t in TRACKS},
       "completion": {"cells": 21, "valid": 21, "submitted": 21, "agent_stopped": 21,

@@ -13,23 +13,23 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-import ml_collections
 
-from bat_jax.evaluator.evaluate import EvalSettings
+from bat_jax.run_config import RunConfig
 from bat_jax.evaluator.markers_export import export_cells, write_export
 from bat_jax.rollout.sglang_launcher import die_with_parent  # PR_SET_PDEATHSIG helper
 from bat_jax.stagebank import daemon as bank_daemon
 from bat_jax.stagebank import task_source
+from bat_jax.stagebank.rounds import RoundWeights
 
 log = logging.getLogger(__name__)
 
 
-def write_markers(cfg: ml_collections.ConfigDict, path: Path) -> Path:
+def write_markers(cfg: RunConfig, path: Path) -> Path:
   """The held-out cells' hashed markers for the bank's leak check (written once per run)."""
   if not path.is_file():
-    write_export(export_cells(EvalSettings.from_config(cfg).cells()), path)
+    write_export(export_cells(cfg.evaluation.cells()), path)
   return path
 
 
@@ -50,7 +50,7 @@ class StageBank:
     self.log_path = log_path
 
   @classmethod
-  def start(cls, cfg: ml_collections.ConfigDict, bank_dir: Path, markers_path: Path,
+  def start(cls, cfg: RunConfig, bank_dir: Path, markers_path: Path,
             log_path: Path) -> "StageBank":
     """Spawns `python -m bat_jax.stagebank serve` (one batch = `grpo.prompt_groups` rows), or
     connects to the server of `stagebank.dir`."""
@@ -74,7 +74,7 @@ class StageBank:
     log.info("Stage Bank spawned (pid %d): %s", process.pid, " ".join(argv))
     return cls(bank_dir, process, cfg.stagebank.request_timeout_s, log_path)
 
-  def request(self, round_index: int, weights: Any) -> None:
+  def request(self, round_index: int, weights: RoundWeights) -> None:
     """Asks for a round as soon as its weights are known (synthesis overlaps training)."""
     bank_daemon.request_round(self.bank_dir, round_index, weights)
 

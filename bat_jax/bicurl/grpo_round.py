@@ -26,6 +26,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from bat_jax.run_config import RunConfig
 from bat_jax import sharding
 from bat_jax.bicurl import multihost
 from bat_jax.grpo import GrpoConfig, group_advantages, grpo_loss_fn
@@ -33,18 +34,18 @@ from bat_jax.grpo.advantages import valid_group_members
 from bat_jax.grpo.loss import sampler_gap_stats
 from bat_jax.train import (LogprobPassConfig, OptimizerConfig, StepConfig, Trainer,
                            TrainerConfig, TrainState, placement, split_model)
-from bat_jax.rollout import (AgentLoop, RolloutItem, RolloutLimits, SamplingParams, Trajectory,
-                             collate, task_environments)
-from bat_jax.sandbox import SandboxLimits
+from bat_jax.rollout import AgentLoop, RolloutItem, Trajectory, collate, task_environments
 from bat_jax.stagebank.reader import RoundReader
 from bat_jax.stagebank.rounds import derive_seed
+from bat_jax.stagebank.shards import round_dirname
+from bat_jax.model.tokenizer import ChatFormat
 
 log = logging.getLogger(__name__)
 
 MIN_BUCKET = 128
 
 
-def run_mesh(cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:
+def run_mesh(cfg: RunConfig) -> jax.sharding.Mesh:
   """The config's mesh; with every axis size given, over the first that many devices."""
   sizes = (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
   devices = None if -1 in sizes else jax.devices()[:int(np.prod(sizes))]
@@ -58,7 +59,7 @@ def optimizer_config(section: ml_collections.ConfigDict, total_steps: int) -> Op
                          weight_decay=section.weight_decay, max_grad_norm=section.max_grad_norm)
 
 
-def grpo_config(cfg: ml_collections.ConfigDict) -> GrpoConfig:
+def grpo_config(cfg: RunConfig) -> GrpoConfig:
   g = cfg.grpo
   return GrpoConfig(advantage_mode=g.advantage.mode, std_normalize=g.advantage.std_normalize,
                     clip_low=g.clip_low, clip_high=g.clip_high, dual_clip=g.dual_clip,
@@ -129,7 +130,7 @@ def step_config(section: ml_collections.ConfigDict,
   return StepConfig(section.micro_batches, section.remat, trainer.weight_dtype)
 
 
-def logprob_pass_config(cfg: ml_collections.ConfigDict) -> LogprobPassConfig:
+def logprob_pass_config(cfg: RunConfig) -> LogprobPassConfig:
   """The old-policy / reference pass: the GRPO step's micro-batches, chunk and weight dtype."""
   return LogprobPassConfig(num_micro_batches=cfg.grpo.micro_batches,
                            chunk_size=cfg.grpo.logprob_chunk_size,
@@ -209,15 +210,16 @@ class GrpoRound:
     ref_params: the SFT policy's params (the KL reference unless `grpo.kl_reference` is
       "round_start", which uses `start_model`'s); unused when `grpo.kl_coef` is 0.
     server: the policy server rollouts are generated with (`bicurl.policy`).
-    chat: the policy's chat format.
+    chat_format: the policy's chat format.
     checkpoint_dir: this round's orbax directory.
     workspace_root: where rollout workspaces are created.
   """
 
-  def __init__(self, cfg: ml_collections.ConfigDict, round_index: int, start_model: nnx.Module,
-               ref_params: Any, server: Any, chat: Any, checkpoint_dir: Path,
+  def __init__(self, cfg: RunConfig, round_index: int, start_model: nnx.Module,
+               ref_params: Any, server: Any, chat_format: ChatFormat, checkpoint_dir: Path,
                workspace_root: Path):
-    self.cfg, self.round_index, self.server, self.chat = cfg, round_index, server, chat
+    self.cfg, self.round_index, self.server = cfg, round_index, server
+    self.chat_format = chat_format
     self.model = start_model
     self.checkpoint_dir = checkpoint_dir
     self.loss_cfg = grpo_config(cfg)
@@ -230,14 +232,14 @@ class GrpoRound:
     self.pass_cfg = logprob_pass_config(cfg)
     self.max_len = cfg.rollout.limits.max_context_tokens or cfg.rollout.jax.max_len
     self.agent_loop = AgentLoop(
-        server.engine, chat, task_environments(workspace_root, SandboxLimits(**cfg.sandbox.to_dict()),
-                                               cache_dir=workspace_root / "boundary_cache"),
-        sampling=SamplingParams(**cfg.rollout.sampling.to_dict()),
-        limits=RolloutLimits(**cfg.rollout.limits.to_dict()))
+        server.engine, chat_format,
+        task_environments(workspace_root, cfg.sandbox,
+                          cache_dir=workspace_root / "boundary_cache"),
+        sampling=cfg.rollout.sampling, limits=cfg.rollout.limits)
 
   def serve(self, params: Any, step: int) -> None:
     acting = nnx.merge(self.trainer.graphdef, placement.local_copy(params), self.trainer.rest)
-    version = f"round{self.round_index}-step{step}"
+    version = f"{round_dirname(self.round_index)}-step{step}"
     # Multi-host SGLang: process 0 exports to the shared directory before the others load it.
     multihost.primary_first(f"serve {version}", lambda: self.server.load(acting, version))
     self.server.reseed(derive_seed("rollout", self.cfg.seed, self.round_index, step) & 0x7FFFFFFF)
@@ -251,7 +253,7 @@ class GrpoRound:
     """
     longest = multihost.agree_max(max(len(t.token_ids) for t in trajectories))
     batch, stats = rollout_batch(trajectories, max_len=self.max_len, cfg=self.loss_cfg,
-                                 pad_id=self.chat.endoftext_id, longest=longest)
+                                 pad_id=self.chat_format.endoftext_id, longest=longest)
     signal = multihost.agree_any(np.any(batch["advantages"]))
     stats = multihost.combine_stats(stats)
     batch = placement.global_batch(batch, self.trainer.batch_shardings(batch))
@@ -279,7 +281,7 @@ class GrpoRound:
     return RoundOutcome(steps=source.history, seconds=source.seconds, healthy=healthy)
 
 
-def grpo_trainer(cfg: ml_collections.ConfigDict, model: nnx.Module, mesh: jax.sharding.Mesh,
+def grpo_trainer(cfg: RunConfig, model: nnx.Module, mesh: jax.sharding.Mesh,
                  round_index: int = 0) -> Trainer:
   """The GRPO `Trainer` of a round (fresh optimizer; compiled programs shared across rounds)."""
   loss_cfg = grpo_config(cfg)

@@ -28,6 +28,7 @@ import tqdm
 from flax import nnx
 from tensorboardX import SummaryWriter
 
+from bat_jax.run_config import RunConfig
 from bat_jax import curriculum, gate
 from bat_jax.bicurl import bank as bank_lib
 from bat_jax.bicurl import multihost, setup
@@ -35,16 +36,16 @@ from bat_jax.bicurl.grpo_round import (GrpoRound, bucket_length, optimizer_confi
                                        step_config)
 from bat_jax.bicurl.policy import PolicyServer, evaluate_policy, make_policy_server
 from bat_jax.bicurl.report import build_report, headline, write_report
-from bat_jax.bicurl.state import OuterState, RoundRecord, RunPaths, round_policy_name
+from bat_jax.bicurl.state import OuterState, RoundRecord, RunPaths
+from bat_jax.stagebank.shards import round_dirname
 from bat_jax.checkpointing import export_hf
-from bat_jax.config_validation import validate_config
 from bat_jax.model import ModelConfig, build_model, load_pretrained
 from bat_jax.model.decoder import with_attention_impl
 from bat_jax.sft import SftConfig, pad_example, run_sft, sft_loss_fn
 from bat_jax.train import Trainer, placement, split_model
-from bat_jax.stagebank.rounds import RoundWeights
 from bat_jax.io_utils import atomic_write_json
 from bat_jax.sandbox import safe_fs
+from bat_jax.model.tokenizer import ChatFormat
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +60,10 @@ def params_digest(model: nnx.Module) -> str:
   return h.hexdigest()
 
 
-def _weights_json(weights: tuple[dict, dict]) -> dict[str, dict[str, float]]:
-  return RoundWeights.coerce(weights).to_json()
-
-
 class _Tracker:
   """TensorBoard scalars (tensorboardX) and tqdm bars, each switchable in `cfg.logging`."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict, paths: RunPaths):
+  def __init__(self, cfg: RunConfig, paths: RunPaths):
     self.writer = (SummaryWriter(str(paths.tensorboard))
                    if cfg.logging.tensorboard and multihost.is_primary() else None)
     self.progress = cfg.logging.progress
@@ -88,7 +85,7 @@ class _Tracker:
       self.writer.close()
 
 
-def _initial_policy(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh
+def _initial_policy(cfg: RunConfig, mesh: jax.sharding.Mesh
                     ) -> tuple[nnx.Module, Callable[[Trainer], Any]]:
   """`(abstract model, make_params)`: the policy before SFT as shapes only, and how its params
   are created straight onto their shards when there is no checkpoint to resume (a seeded jitted
@@ -110,13 +107,13 @@ def _initial_policy(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh
   return abstract, load
 
 
-def _cold_start(cfg: ml_collections.ConfigDict, paths: RunPaths, chat: Any,
+def _cold_start(cfg: RunConfig, paths: RunPaths, chat_format: ChatFormat,
                 tracker: _Tracker) -> tuple[nnx.Module, Optional[float]]:
   """Cold-start SFT on the Stage Bank's expert rows, resumable from its orbax checkpoints;
   returns the model and its validation NLL."""
   rows_dir = multihost.primary_first(
       "sft_rows", lambda: setup.prepare_sft_rows(cfg, paths.sft_rows, paths.markers))
-  train, validation = setup.sft_examples(cfg, rows_dir, chat)
+  train, validation = setup.sft_examples(cfg, rows_dir, chat_format)
   max_len = bucket_length(max(setup.example_lengths(train)), cfg.sft.max_seq_len)
   mesh = run_mesh(cfg)
   model, make_params = _initial_policy(cfg, mesh)
@@ -124,7 +121,7 @@ def _cold_start(cfg: ml_collections.ConfigDict, paths: RunPaths, chat: Any,
       num_steps=cfg.sft.steps, batch_size=cfg.sft.global_batch_size, max_len=max_len,
       seed=cfg.seed, checkpoint_every=cfg.sft.checkpoint.every,
       keep_checkpoints=cfg.sft.checkpoint.keep, logprob_chunk_size=cfg.grpo.logprob_chunk_size,
-      pad_id=chat.endoftext_id, optimizer=optimizer_config(cfg.sft, cfg.sft.steps),
+      pad_id=chat_format.endoftext_id, optimizer=optimizer_config(cfg.sft, cfg.sft.steps),
       step=step_config(cfg.sft, cfg.trainer))
   log.info("SFT: %d train / %d validation examples, padded to %d tokens", len(train),
            len(validation), max_len)
@@ -142,7 +139,7 @@ def _cold_start(cfg: ml_collections.ConfigDict, paths: RunPaths, chat: Any,
           rules=tuple(cfg.sharding.rules), make_params=make_params, on_step=on_step)
   nnx.update(model, placement.local_copy(nnx.state(model, nnx.Param)))
   bar.close()
-  nll = _validation_nll(model, validation, max_len=max_len, pad_id=chat.endoftext_id,
+  nll = _validation_nll(model, validation, max_len=max_len, pad_id=chat_format.endoftext_id,
                         chunk_size=cfg.grpo.logprob_chunk_size)
   log.info("SFT: validation NLL per target token %s", nll)
   return model, nll
@@ -169,11 +166,12 @@ def _validation_nll(model: nnx.Module, examples: list, *, max_len: int, pad_id: 
   return total / tokens
 
 
-def _evaluate(cfg: ml_collections.ConfigDict, state: OuterState, paths: RunPaths,
-              server: PolicyServer, chat: Any, model: nnx.Module, name: str,
-              tracker: _Tracker) -> dict[str, Any]:
-  """Serves `model` and evaluates it (cached per policy name); records the headline.
-  Multi-host: process 0 evaluates, the others read its cached report."""
+def _evaluate(cfg: RunConfig, state: OuterState, paths: RunPaths,
+              server: PolicyServer, chat_format: ChatFormat, model: nnx.Module, name: str,
+              eval_index: int, tracker: _Tracker) -> dict[str, Any]:
+  """Serves `model` and evaluates it (cached per policy name); records the headline, logged at
+  step `eval_index` (0 = SFT, r + 1 = round r). Multi-host: process 0 evaluates, the others
+  read its cached report."""
   with state.timed("evaluation"):
     multihost.barrier(f"evaluate {name}: exported")
     if not multihost.is_primary():
@@ -187,15 +185,14 @@ def _evaluate(cfg: ml_collections.ConfigDict, state: OuterState, paths: RunPaths
       bar.total, bar.n = total, done
       bar.refresh()
 
-    report = evaluate_policy(cfg, server, chat, paths.policy(name), paths.eval_report(name),
+    report = evaluate_policy(cfg, server, chat_format, paths.policy(name), paths.eval_report(name),
                              paths.eval_records(name), progress=progress)
     bar.close()
     if multihost.is_primary():
       multihost.barrier(f"evaluate {name}: done")
   state.evaluations[name] = {**headline(report), "params_sha256": params_digest(model)}
-  index = 0 if name == "sft" else int(name.split("_")[-1]) + 1
   tracker.scalars("eval", {"overall": report["overall"], "task": report["task_score"],
-                           **{s: v for s, v in report["stage_scores"].items()}}, index)
+                           **{s: v for s, v in report["stage_scores"].items()}}, eval_index)
   log.info("evaluation %s: overall %s, stages %s", name, report["overall"],
            report["stage_scores"])
   return report
@@ -210,8 +207,8 @@ def prune_rounds(paths: RunPaths, state: OuterState, keep: int) -> list[int]:
   pruned = finished[:-keep] if keep > 0 else finished
   for r in pruned:
     shutil.rmtree(paths.round_checkpoints(r), ignore_errors=True)
-    if round_policy_name(r) != state.baseline:
-      shutil.rmtree(paths.policy(round_policy_name(r)), ignore_errors=True)
+    if round_dirname(r) != state.baseline:
+      shutil.rmtree(paths.policy(round_dirname(r)), ignore_errors=True)
   return pruned
 
 
@@ -248,27 +245,25 @@ def _report(state: OuterState, paths: RunPaths) -> dict[str, Any]:
   return write_report(paths.workdir, state) if multihost.is_primary() else build_report(state)
 
 
-def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
+def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
   """Runs (or resumes) BiCuRL in `workdir`; returns the final report (also WORKDIR/report.json).
 
   Raises:
     ConfigError: the config is invalid (every bad field named).
     FloatingPointError: a non-finite SFT or GRPO update.
   """
-  validate_config(cfg)
+  cfg = RunConfig.from_config(config)
   paths = RunPaths(Path(workdir).absolute())
   paths.workdir.mkdir(parents=True, exist_ok=True)
-  _check_same_config(cfg, paths.workdir / "config.json")
+  _check_same_config(config, paths.workdir / "config.json")
   state = OuterState.load(paths.workdir)
   tracker = _Tracker(cfg, paths)
-  thresholds = gate.GateThresholds.from_config(cfg.gate)
-  curriculum_cfg = curriculum.CurriculumConfig.from_config(cfg.curriculum)
   server: Optional[PolicyServer] = None
 
   # ============================================================================ setup
   tokenizer_dir = multihost.primary_first(
       "tokenizer", lambda: setup.prepare_tokenizer(cfg, paths.tokenizer))
-  chat = setup.chat_format(cfg, tokenizer_dir)
+  chat_format = setup.chat_format(cfg, tokenizer_dir)
   multihost.primary_first("markers", lambda: bank_lib.write_markers(cfg, paths.markers))
   bank_dir = Path(cfg.stagebank.dir) if cfg.stagebank.dir else paths.stagebank
   if multihost.is_primary():  # one Stage Bank; the other processes read its rounds
@@ -279,7 +274,7 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
     # ========================================================================== cold-start SFT
     if not state.sft_done:
       with state.timed("sft"):
-        model, state.sft_validation_nll = _cold_start(cfg, paths, chat, tracker)
+        model, state.sft_validation_nll = _cold_start(cfg, paths, chat_format, tracker)
       export_hf(model, paths.policy("sft"), tokenizer_dir=tokenizer_dir)
       state.sft_done, state.baseline = True, "sft"
       _save(state, paths)
@@ -289,13 +284,14 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
     server = make_policy_server(sft_model, cfg, paths.workdir, tokenizer_dir)
 
     # ============================================ evaluate SFT; first target = weakest stage
-    baseline_report = _evaluate(cfg, state, paths, server, chat, sft_model, "sft", tracker)
+    baseline_report = _evaluate(cfg, state, paths, server, chat_format, sft_model, "sft",
+                                0, tracker)
     if state.next_weights is None:
-      state.next_weights = _weights_json(curriculum.weights(
-          baseline_report["stage_scores"], None, True, curriculum_cfg))
+      state.next_weights = curriculum.weights(baseline_report["stage_scores"], None, True,
+                                              cfg.curriculum)
       _save(state, paths)
     if state.baseline != "sft":
-      baseline_report = evaluate_policy(cfg, server, chat, paths.policy(state.baseline),
+      baseline_report = evaluate_policy(cfg, server, chat_format, paths.policy(state.baseline),
                                         paths.eval_report(state.baseline),
                                         paths.eval_records(state.baseline))
 
@@ -311,8 +307,8 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
       start_name = state.baseline
       model = with_attention_impl(setup.load_policy(cfg, paths.policy(start_name)),
                                   cfg.model.attention_impl)
-      workspaces = paths.workdir / "rollouts" / round_policy_name(r)
-      grpo = GrpoRound(cfg, r, model, ref_params, server, chat, paths.round_checkpoints(r),
+      workspaces = paths.workdir / "rollouts" / round_dirname(r)
+      grpo = GrpoRound(cfg, r, model, ref_params, server, chat_format, paths.round_checkpoints(r),
                        workspaces)
       done_before = sum(len(x.steps) for x in state.rounds)
       bar = tracker.bar(cfg.grpo.steps_per_round, f"round {r} GRPO")
@@ -327,19 +323,20 @@ def run(cfg: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
       safe_fs.remove_tree_quietly(workspaces)  # agent-made trees: deep, odd names
 
       # ---------------------------------------------------------------- export + evaluate
-      name = round_policy_name(r)
+      name = round_dirname(r)
       export_hf(model, paths.policy(name), tokenizer_dir=tokenizer_dir)
-      candidate_report = _evaluate(cfg, state, paths, server, chat, model, name, tracker)
+      candidate_report = _evaluate(cfg, state, paths, server, chat_format, model, name,
+                                   r + 1, tracker)
 
       # ---------------------------------------------------------------- gate + next target
-      decision = gate.check(baseline_report, candidate_report, thresholds, outcome.healthy)
-      next_weights = _weights_json(curriculum.weights(
+      decision = gate.check(baseline_report, candidate_report, cfg.gate, outcome.healthy)
+      next_weights = curriculum.weights(
           candidate_report["stage_scores"], baseline_report["stage_scores"], decision.passed,
-          curriculum_cfg))
+          cfg.curriculum)
       if r + 1 < cfg.grpo.rounds and multihost.is_primary():
         bank.request(r + 1, next_weights)  # as early as possible: synthesis overlaps the rest
       state.rounds.append(RoundRecord(
-          round=r, target=RoundWeights.coerce(weights).primary_stage, weights=weights,
+          round=r, target=weights.primary_stage, weights=weights,
           start_policy=start_name, candidate=name, gate=decision.to_dict(),
           promoted=decision.passed, steps=outcome.steps, healthy=outcome.healthy))
       for phase, seconds in outcome.seconds.items():

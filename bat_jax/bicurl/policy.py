@@ -21,19 +21,19 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
-import ml_collections
 from flax import nnx
 
+from bat_jax.run_config import RunConfig
 from bat_jax.checkpointing import export_hf
 from bat_jax.evaluator import runner
 from bat_jax.evaluator.aggregation import require_complete
-from bat_jax.evaluator.evaluate import EvalSettings, evaluate
-from bat_jax.evaluator.external import ExternalEvaluator
+from bat_jax.evaluator.evaluate import evaluate
 from bat_jax.rollout import (AgentTurn, Completion, Engine, GenerateRequest, JaxEngine,
                              JaxEngineConfig, PolicyAgent, PromptTooLongError, RetryPolicy,
                              SamplingParams, SGLangEngine, SGLangLaunchConfig, ServerProcess,
                              free_port)
 from bat_jax.io_utils import atomic_write_json
+from bat_jax.model.chat_format import ChatFormat
 from bat_jax.rollout.worker import EngineWorker
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class PolicyServer(Protocol):
 class JaxPolicyServer:
   """The in-process JAX engine (`rollout.jax`)."""
 
-  def __init__(self, model: nnx.Module, cfg: ml_collections.ConfigDict):
+  def __init__(self, model: nnx.Module, cfg: RunConfig):
     self.engine = JaxEngine(model, JaxEngineConfig(
         num_slots=cfg.rollout.jax.batch_size, max_len=cfg.rollout.jax.max_len,
         prefill_chunk=cfg.rollout.jax.prefill_chunk, seed=cfg.seed))
@@ -78,7 +78,7 @@ class JaxPolicyServer:
     pass
 
 
-def sglang_launch_config(cfg: ml_collections.ConfigDict, model_path: Path
+def sglang_launch_config(cfg: RunConfig, model_path: Path
                          ) -> SGLangLaunchConfig:
   """The server's launch flags from `rollout.sglang` (port 0: a free port now)."""
   sg = cfg.rollout.sglang
@@ -100,7 +100,7 @@ class SGLangPolicyServer:
   on this path (SGLang's sampler is not seeded per step).
   """
 
-  def __init__(self, model: nnx.Module, cfg: ml_collections.ConfigDict, export_dir: Path,
+  def __init__(self, model: nnx.Module, cfg: RunConfig, export_dir: Path,
                tokenizer_dir: Path, log_path: Path):
     self.export_dir, self.tokenizer_dir = Path(export_dir), Path(tokenizer_dir)
     self.process: Optional[ServerProcess] = None
@@ -141,7 +141,7 @@ class SGLangPolicyServer:
       self.process.stop()
 
 
-def make_policy_server(model: nnx.Module, cfg: ml_collections.ConfigDict, workdir: Path,
+def make_policy_server(model: nnx.Module, cfg: RunConfig, workdir: Path,
                        tokenizer_dir: Path) -> PolicyServer:
   if cfg.rollout.engine == "jax":
     return JaxPolicyServer(model, cfg)
@@ -179,7 +179,8 @@ class _BoundedAgent(PolicyAgent):
       return AgentTurn((), thought="(context full)")
 
 
-def evaluate_policy(cfg: ml_collections.ConfigDict, server: PolicyServer, chat: Any,
+def evaluate_policy(cfg: RunConfig, server: PolicyServer,
+                    chat_format: ChatFormat,
                     policy_dir: Path, report_path: Path, records_dir: Path, *,
                     progress: Optional[Callable[[int, int, dict], None]] = None
                     ) -> dict[str, Any]:
@@ -192,30 +193,29 @@ def evaluate_policy(cfg: ml_collections.ConfigDict, server: PolicyServer, chat: 
   if report_path.is_file():
     return json.loads(report_path.read_text())
   if cfg.evaluator.kind == "external":
-    report = ExternalEvaluator.from_config(cfg.evaluator.external).evaluate(
+    report = cfg.external_evaluator.evaluate(
         policy_dir, {"policy": policy_dir.name, "tier": cfg.evaluator.tier}, records_dir)
   else:
-    report = _builtin(cfg, server, chat, records_dir, progress)
+    report = _builtin(cfg, server, chat_format, records_dir, progress)
   require_complete(report, source=f"evaluation of {policy_dir.name}")
   atomic_write_json(report_path, report)
   return report
 
 
-def _builtin(cfg: ml_collections.ConfigDict, server: PolicyServer, chat: Any,
+def _builtin(cfg: RunConfig, server: PolicyServer, chat_format: ChatFormat,
              records_dir: Path, progress: Optional[Callable[[int, int, dict], None]]
              ) -> dict[str, Any]:
-  settings = EvalSettings.from_config(cfg)
   worker = EngineWorker(server.engine, max_batch=max(1, cfg.rollout.max_concurrent_trajectories))
   engine = _WorkerEngine(worker)
   greedy = dataclasses.replace(SamplingParams(), temperature=0.0)
 
   def factory(instance: Any) -> PolicyAgent:
     del instance  # the policy sees only the messages
-    return _BoundedAgent(engine, chat, sampling=greedy,
+    return _BoundedAgent(engine, chat_format, sampling=greedy,
                          max_turn_tokens=cfg.rollout.limits.max_turn_tokens)
 
   try:
-    return evaluate(factory, records_dir, settings=settings,
+    return evaluate(factory, records_dir, settings=cfg.evaluation,
                     options=runner.RunOptions(workers=cfg.evaluator.workers, threads=True),
                     progress=progress)
   finally:

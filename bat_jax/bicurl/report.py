@@ -49,7 +49,7 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_report(state: OuterState) -> dict[str, Any]:
-  """The JSON report: evaluations in order (sft, round_000, ...), rounds, phase times."""
+  """The JSON report: evaluations in order (sft, round_000000, ...), rounds, phase times."""
   names = ["sft"] + [r.candidate for r in state.rounds]
   evaluations = [{"policy": n, **state.evaluations[n]} for n in names if n in state.evaluations]
   steps = [s for r in state.rounds for s in r.steps]

@@ -14,16 +14,15 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import jax.numpy as jnp
-import ml_collections
 from flax import nnx
 
+from bat_jax.run_config import RunConfig
 from bat_jax import train_tasks, workflow
 from bat_jax.model import chat_format as chat_format_lib
 from bat_jax.model import compact_chat
 from bat_jax.model import ModelConfig, build_model, load_pretrained
 from bat_jax.model import tokenizer as tokenizer_lib
 from bat_jax.model import tokenizer_corpus as corpus_lib
-from bat_jax.sandbox import SandboxLimits
 from bat_jax.sft import Example, drop_too_long
 from bat_jax.stagebank import grid, leakcheck, rl_rows, rounds, sft_rows, shards
 from bat_jax.stagebank.build import load_matcher
@@ -31,12 +30,12 @@ from bat_jax.stagebank.build import load_matcher
 log = logging.getLogger(__name__)
 
 
-def model_dtypes(cfg: ml_collections.ConfigDict) -> tuple[Any, Any]:
+def model_dtypes(cfg: RunConfig) -> tuple[Any, Any]:
   """`(compute dtype, param dtype)` of the policy."""
   return jnp.dtype(cfg.model.dtype), jnp.dtype(cfg.model.param_dtype)
 
 
-def model_type(cfg: ml_collections.ConfigDict) -> str:
+def model_type(cfg: RunConfig) -> str:
   """The policy's HF `model_type` (picks its chat format)."""
   if cfg.model.source == "scratch":
     return cfg.model.hf_config.model_type
@@ -62,7 +61,7 @@ def tokenizer_corpus(num_tasks: int, seed: int, action_space: str = "code") -> l
   return docs
 
 
-def prepare_tokenizer(cfg: ml_collections.ConfigDict, out_dir: Path) -> Path:
+def prepare_tokenizer(cfg: RunConfig, out_dir: Path) -> Path:
   """Trains (`tokenizer.source = train`) or copies the run's tokenizer into `out_dir`."""
   if all((out_dir / f).is_file() for f in tokenizer_lib.TOKENIZER_FILES):
     return out_dir
@@ -85,15 +84,14 @@ def prepare_tokenizer(cfg: ml_collections.ConfigDict, out_dir: Path) -> Path:
   return out_dir
 
 
-def chat_format(cfg: ml_collections.ConfigDict,
-                tokenizer_dir: Path) -> chat_format_lib.ChatFormat:
+def chat_format(cfg: RunConfig, tokenizer_dir: Path) -> chat_format_lib.ChatFormat:
   return compact_chat.chat_format_for(cfg.tokenizer.tool_preamble, model_type(cfg),
                                       tokenizer_lib.load_tokenizer(tokenizer_dir))
 
 
 # --- model -------------------------------------------------------------------------------------
 
-def initial_model(cfg: ml_collections.ConfigDict) -> nnx.Module:
+def initial_model(cfg: RunConfig) -> nnx.Module:
   """The policy before SFT: random init (seeded) for `scratch`, else the local checkpoint."""
   dtype, param_dtype = model_dtypes(cfg)
   if cfg.model.source == "scratch":
@@ -103,7 +101,7 @@ def initial_model(cfg: ml_collections.ConfigDict) -> nnx.Module:
   return load_pretrained(cfg.model.path, dtype=dtype, param_dtype=param_dtype)
 
 
-def load_policy(cfg: ml_collections.ConfigDict, policy_dir: Path) -> nnx.Module:
+def load_policy(cfg: RunConfig, policy_dir: Path) -> nnx.Module:
   """An exported policy (HF safetensors) with the run's dtypes."""
   dtype, param_dtype = model_dtypes(cfg)
   return load_pretrained(policy_dir, dtype=dtype, param_dtype=param_dtype)
@@ -128,7 +126,7 @@ def sft_states(num_examples: int) -> tuple[tuple[grid.GridState, ...], int]:
   return tuple(s for s in grid.SOURCE_GRID if (s.track, s.outcome) in keep), 1
 
 
-def prepare_sft_rows(cfg: ml_collections.ConfigDict, out_dir: Path, markers_path: Path) -> Path:
+def prepare_sft_rows(cfg: RunConfig, out_dir: Path, markers_path: Path) -> Path:
   """The Stage Bank's leak-checked cold-start rows (expert trajectories), published once."""
   if (out_dir / shards.MANIFEST).is_file():
     return out_dir
@@ -138,11 +136,11 @@ def prepare_sft_rows(cfg: ml_collections.ConfigDict, out_dir: Path, markers_path
                           first_action_tasks=cfg.sft.first_action_tasks)
   checker = leakcheck.LeakChecker(load_matcher(markers_path))
   return sft_rows.build_sft_set(out_dir, spec, checker,
-                                sandbox_limits=SandboxLimits(**cfg.sandbox.to_dict()))
+                                sandbox_limits=cfg.sandbox)
 
 
-def sft_examples(cfg: ml_collections.ConfigDict, rows_dir: Path,
-                 chat: chat_format_lib.ChatFormat) -> tuple[list[Example], list[Example]]:
+def sft_examples(cfg: RunConfig, rows_dir: Path,
+                 chat_format: chat_format_lib.ChatFormat) -> tuple[list[Example], list[Example]]:
   """`(train, validation)` `(ids, loss_mask)` examples rendered in the policy's chat format.
 
   Rows longer than `sft.max_seq_len` are dropped; the rest are shuffled (seeded), the
@@ -150,7 +148,7 @@ def sft_examples(cfg: ml_collections.ConfigDict, rows_dir: Path,
   off and the train set is cut to `sft.num_examples` (plus the `sft.first_action_tasks` rows).
   """
   rows = sft_rows.load_sft_rows(rows_dir)
-  encoded = [chat.encode_sft_example(r["messages"], sft_rows.target_action(r)) for r in rows]
+  encoded = [chat_format.encode_sft_example(r["messages"], sft_rows.target_action(r)) for r in rows]
   kept, dropped = drop_too_long(encoded, cfg.sft.max_seq_len)
   if dropped:
     log.info("SFT: dropped %d of %d rows longer than %d tokens", len(dropped), len(encoded),

@@ -7,8 +7,8 @@ run killed at any point (SIGKILL included) restarts at the first unfinished phas
   tokenizer/                 trained tokenizer (tiny) or a copy of the pretrained one's files
   stagebank/                 the Stage Bank directory (markers.json, sft/, round_NNNNNN/)
   ckpt/sft/                  orbax: cold-start SFT (train state + data position)
-  ckpt/round_NNN/            orbax: GRPO of one round (train state + reader state + round log)
-  policies/<name>/           HF safetensors export of every evaluated policy (sft, round_NNN)
+  ckpt/round_NNNNNN/         orbax: GRPO of one round (train state + reader state + round log)
+  policies/<name>/           HF safetensors export of every evaluated policy (sft, round_NNNNNN)
   evals/<name>.json          the aggregate report of each evaluation (cached: re-run skipped)
   eval_records/<name>/       evaluator-side cell records (never read by training)
   tb/                        TensorBoard events
@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from bat_jax.io_utils import atomic_write_json
+from bat_jax.stagebank.rounds import RoundWeights
+from bat_jax.stagebank.shards import round_dirname
 
 PHASES: tuple[str, ...] = ("sft", "evaluation", "rollout", "update", "stagebank_wait")
 STATE_FILE = "outer_state.json"
@@ -56,7 +58,7 @@ class RunPaths:
     return self.workdir / "ckpt" / "sft"
 
   def round_checkpoints(self, round_index: int) -> Path:
-    return self.workdir / "ckpt" / f"round_{round_index:03d}"
+    return self.workdir / "ckpt" / round_dirname(round_index)
 
   def policy(self, name: str) -> Path:
     return self.workdir / "policies" / name
@@ -76,10 +78,6 @@ class RunPaths:
     return self.workdir / "logs"
 
 
-def round_policy_name(round_index: int) -> str:
-  return f"round_{round_index:03d}"
-
-
 @dataclasses.dataclass
 class RoundRecord:
   """One finished BiCuRL round (everything the report shows about it).
@@ -88,9 +86,9 @@ class RoundRecord:
     round: round index (0-based).
     target: the weights' primary stage (largest weight, ties to the earliest): the one-hot
       target under argmin, only the first of equals under uniform.
-    weights: `{"pool_mix": {...}, "stage_weights": {...}}` the Stage Bank built it with.
+    weights: the curriculum's weights the Stage Bank built the round with.
     start_policy: the policy the round started from (the last promoted one).
-    candidate: the policy it produced (`round_NNN`).
+    candidate: the policy it produced (`round_NNNNNN`).
     gate: `GateDecision.to_dict()` of candidate vs baseline.
     promoted: whether the candidate became the new baseline.
     steps: per-step metrics (reward, KL, loss, ...), in order.
@@ -98,7 +96,7 @@ class RoundRecord:
   """
   round: int
   target: str
-  weights: dict[str, dict[str, float]]
+  weights: RoundWeights
   start_policy: str
   candidate: str
   gate: dict[str, Any]
@@ -124,7 +122,7 @@ class OuterState:
   sft_done: bool = False
   sft_validation_nll: Optional[float] = None
   baseline: Optional[str] = None
-  next_weights: Optional[dict[str, dict[str, float]]] = None
+  next_weights: Optional[RoundWeights] = None
   rounds: list[RoundRecord] = dataclasses.field(default_factory=list)
   evaluations: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
   phase_seconds: dict[str, float] = dataclasses.field(
@@ -138,9 +136,13 @@ class OuterState:
       return cls()
     try:
       raw = json.loads(path.read_bytes())
-      rounds = [RoundRecord(**r) for r in raw.pop("rounds")]
+      rounds = [RoundRecord(**{**r, "weights": RoundWeights.from_json(r["weights"])})
+                for r in raw.pop("rounds")]
+      if raw["next_weights"] is not None:
+        raw["next_weights"] = RoundWeights.from_json(raw["next_weights"])
       return cls(rounds=rounds, **raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError,
+            ValueError) as e:
       raise ValueError(f"outer-loop state {path} is unreadable ({e}); delete it to restart "
                        "the outer loop from its checkpoints") from None
 

@@ -45,8 +45,8 @@ def failure_categories(record: Mapping[str, Any]) -> list[str]:
   if not record["valid"]:
     return [record["invalid_reason"]]
   found = [f"no_evidence_{s}" for s in workflow.STAGES if not record["stage_evidence"][s]]
-  if record["stop_reason"] != "agent_stop":
-    found.append(record["stop_reason"])
+  if record["finish_reason"] != "agent_stop":
+    found.append(record["finish_reason"])
   if record["malformed_turns"]:
     found.append("malformed_turns")
   if not record["submitted"]:
@@ -77,7 +77,7 @@ def aggregate(records: Sequence[Mapping[str, Any]], *, tier: str, protocol_diges
       "completion": {
           "cells": len(records), "valid": len(valid),
           "submitted": sum(r["submitted"] for r in valid),
-          "agent_stopped": sum(r["stop_reason"] == "agent_stop" for r in valid),
+          "agent_stopped": sum(r["finish_reason"] == "agent_stop" for r in valid),
           "stage_evidence": {s: sum(r["stage_evidence"][s] for r in valid)
                              for s in workflow.STAGES}},
       "failure_categories": dict(sorted(categories.items())),

@@ -4,7 +4,7 @@ A cell is (track, outcome, seed, tier): one held-out task run end to end. The ce
 only on (evaluator seed, cells per track, tier, tracks), so a baseline and a candidate evaluated
 with the same settings see exactly the same tasks. `cell_set_digest` names that set;
 `protocol_digest` also covers everything else that changes scores (generator version, rubric
-items, stage weights, turn / call / observation limits, sandbox limits), so two reports are
+items, stage weights, rollout limits, sandbox limits), so two reports are
 comparable only when both digests agree.
 """
 
@@ -17,22 +17,9 @@ from typing import Any, Sequence
 
 from bat_jax import workflow
 from bat_jax.evaluator import generators
+from bat_jax.rollout_protocol import RolloutLimits
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.taskkit import TaskInstance
-
-
-@dataclasses.dataclass(frozen=True)
-class EpisodeLimits:
-  """Per-cell limits; the defaults are the training rollouts' (BaT reference) values."""
-  max_assistant_turns: int = 24
-  max_tool_calls: int = 23
-  max_observation_chars: int = workflow.MAX_OBSERVATION_CHARS
-
-  def __post_init__(self):
-    for f in dataclasses.fields(self):
-      v = getattr(self, f.name)
-      if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"EpisodeLimits.{f.name} must be a positive int, got {v!r}")
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -91,12 +78,12 @@ def cell_set_digest(cells: Sequence[Cell]) -> str:
   return _digest(sorted(dataclasses.astuple(c) for c in cells))
 
 
-def protocol_digest(cells: Sequence[Cell], limits: EpisodeLimits,
+def protocol_digest(cells: Sequence[Cell], limits: RolloutLimits,
                     sandbox_limits: SandboxLimits) -> str:
   """Digest of everything that defines the measurement, cells included."""
   return _digest({
       "generator": generators.GENERATOR_VERSION, "cells": cell_set_digest(cells),
       "stage_items": {s: list(v) for s, v in workflow.STAGE_ITEMS.items()},
       "stage_weights": dict(workflow.STAGE_WEIGHTS),
-      "episode_limits": dataclasses.asdict(limits),
+      "rollout_limits": dataclasses.asdict(limits),
       "sandbox_limits": dataclasses.asdict(sandbox_limits)})

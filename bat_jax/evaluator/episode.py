@@ -1,7 +1,7 @@
 """One cell: an agent driven through the whole workflow in the sandbox, then scored.
 
-The loop mirrors training rollouts: the same sandbox and limits (24 assistant turns, 23 tool
-calls, 2,048-character observations), one model-neutral action per assistant message, a
+The loop mirrors training rollouts: the same sandbox, limits, tool-call check, error texts and
+finish reasons (`bat_jax.rollout_protocol`), one model-neutral action per assistant message, a
 malformed turn shown back to the agent as its observation. The result is a cell record: a
 plain dict that stays evaluator-side (records directory), never exported.
 
@@ -30,13 +30,11 @@ from typing import Any, Mapping, Optional
 
 from bat_jax import rubric, workflow
 from bat_jax.evaluator.agents import AgentFactory
-from bat_jax.evaluator.cells import Cell, EpisodeLimits
+from bat_jax.evaluator.cells import Cell
 from bat_jax.evaluator.firewall import INVALID_REASONS
+from bat_jax.rollout_protocol import RolloutLimits, error_observation, tool_call_problem
 from bat_jax.sandbox import SandboxLimits, SandboxUnavailableError, safe_fs
 from bat_jax.taskkit import materialize_at
-
-STOP_REASONS: tuple[str, ...] = ("agent_stop", "turn_limit", "tool_call_limit")
-
 
 remove_quietly = safe_fs.remove_tree_quietly
 
@@ -66,24 +64,12 @@ def _check_turn(turn: Any) -> tuple[list[Mapping[str, Any]], str, Optional[str]]
   return list(actions), str(thought), (None if error is None else str(error))
 
 
-def _action_error(action: Mapping[str, Any]) -> Optional[str]:
-  """Why a (well-typed) action cannot run, in words the agent sees; None if it can."""
-  args = action["arguments"]
-  if action.get("name") != workflow.TOOL_NAME:
-    return f"unknown tool {action.get('name')!r}; the only tool is {workflow.TOOL_NAME}"
-  if args.get("language") not in workflow.TOOL_LANGUAGES:
-    return f"language {args.get('language')!r} is not one of {list(workflow.TOOL_LANGUAGES)}"
-  if not isinstance(args.get("code"), str):
-    return "argument 'code' must be a string"
-  return None
-
-
-def _drive(agent, sandbox, brief: str, limits: EpisodeLimits) -> dict[str, Any]:
+def _drive(agent, sandbox, brief: str, limits: RolloutLimits) -> dict[str, Any]:
   """The turn loop; returns counters. Agent exceptions become _Invalid('crash')."""
   messages: list[dict[str, Any]] = [{"role": "system", "content": workflow.SYSTEM_PROMPT},
                                     {"role": "user", "content": brief}]
   turns = calls = malformed = 0
-  stop = "turn_limit"
+  finish = "max_turns"
   while turns < limits.max_assistant_turns:
     try:
       turn = agent(messages)
@@ -95,20 +81,20 @@ def _drive(agent, sandbox, brief: str, limits: EpisodeLimits) -> dict[str, Any]:
     if error is not None:
       malformed += 1
       messages += [{"role": "assistant", "content": thought},
-                   {"role": "tool", "content": f"error: {error}"}]
+                   {"role": "tool", "content": error_observation(error)}]
       continue
     if not actions:
-      stop = "agent_stop"
+      finish = "agent_stop"
       break
     for action in actions:
       if calls >= limits.max_tool_calls:
-        stop = "tool_call_limit"
+        finish = "max_tool_calls"
         break
       messages.append({"role": "assistant", "action": dict(action), "content": thought})
-      problem = _action_error(action)
+      problem = tool_call_problem(action, limits)
       if problem is not None:
         malformed += 1
-        messages.append({"role": "tool", "content": f"error: {problem}"})
+        messages.append({"role": "tool", "content": error_observation(problem)})
         continue
       calls += 1
       try:
@@ -120,12 +106,13 @@ def _drive(agent, sandbox, brief: str, limits: EpisodeLimits) -> dict[str, Any]:
         obs = workflow.format_observation(res.exit_code, res.stdout, res.stderr,
                                           limits.max_observation_chars)
       messages.append({"role": "tool", "content": obs})
-    if stop == "tool_call_limit":
+    if finish == "max_tool_calls":
       break
   close = getattr(agent, "close", None)  # optional in the protocol (engine sessions)
   if callable(close):
     close()
-  return {"turns": turns, "tool_calls": calls, "malformed_turns": malformed, "stop_reason": stop}
+  return {"turns": turns, "tool_calls": calls, "malformed_turns": malformed,
+          "finish_reason": finish}
 
 
 def _scores(result: rubric.RubricResult) -> dict[str, Any]:
@@ -140,7 +127,7 @@ def _scores(result: rubric.RubricResult) -> dict[str, Any]:
 
 
 def run_cell(cell: Cell, factory: AgentFactory, work_dir: Path, *,
-             limits: EpisodeLimits = EpisodeLimits(),
+             limits: RolloutLimits = RolloutLimits(),
              sandbox_limits: SandboxLimits = SandboxLimits(),
              keep_workspace: bool = False) -> dict[str, Any]:
   """Runs and scores one cell in `work_dir` (created; removed unless keep_workspace)."""

@@ -4,43 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Optional, Sequence
-
-from ml_collections import ConfigDict
+from typing import Any, Optional
 
 from bat_jax import workflow
 from bat_jax.evaluator import aggregation
 from bat_jax.evaluator import cells as cells_lib
 from bat_jax.evaluator import runner
 from bat_jax.evaluator.agents import AgentFactory, builtin_factory
+from bat_jax.rollout_protocol import RolloutLimits
 from bat_jax.sandbox import SandboxLimits
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
-  """What defines the measurement: the cells and the limits (both enter the digests)."""
+  """What defines the measurement: the cells and the limits (both enter the digests). A run
+  builds it from its config in `bat_jax.run_config.RunConfig.evaluation`."""
   tier: str = "lite"
   seed: int = 20260816
   cells_per_track: int = 3
   tracks: tuple[str, ...] = workflow.TRACKS
-  limits: cells_lib.EpisodeLimits = cells_lib.EpisodeLimits()
+  limits: RolloutLimits = RolloutLimits()
   sandbox_limits: SandboxLimits = SandboxLimits()
   action_space: str = "code"
-
-  @classmethod
-  def from_config(cls, cfg: ConfigDict) -> "EvalSettings":
-    """From a run config: `evaluator` (tier, seed, cells_per_track), `sandbox` (limits) and
-    `rollout.limits` (turns, tool calls, observation chars: the same as training) and
-    `workflow.action_space`."""
-    rl = cfg.rollout.limits
-    return cls(tier=cfg.evaluator.tier, seed=int(cfg.evaluator.seed),
-               cells_per_track=int(cfg.evaluator.cells_per_track),
-               limits=cells_lib.EpisodeLimits(
-                   max_assistant_turns=int(rl.max_assistant_turns),
-                   max_tool_calls=int(rl.max_tool_calls),
-                   max_observation_chars=int(rl.max_observation_chars)),
-               sandbox_limits=SandboxLimits(**cfg.sandbox.to_dict()),
-               action_space=cfg.workflow.action_space)
 
   def cells(self) -> tuple[cells_lib.Cell, ...]:
     return cells_lib.make_cells(self.seed, self.cells_per_track, self.tier, self.tracks,

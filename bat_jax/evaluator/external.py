@@ -17,8 +17,6 @@ import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ml_collections import ConfigDict
-
 from bat_jax.evaluator import aggregation
 from bat_jax.evaluator.firewall import FirewallError
 from bat_jax.io_utils import atomic_write_json
@@ -60,11 +58,6 @@ class ExternalEvaluator:
     object.__setattr__(self, "argv", parse_argv(self.argv))
     if not self.timeout_s > 0:
       raise ValueError(f"external evaluator timeout_s must be > 0, got {self.timeout_s!r}")
-
-  @classmethod
-  def from_config(cls, external: ConfigDict) -> "ExternalEvaluator":
-    """From a run config's `evaluator.external` section (argv, timeout_s)."""
-    return cls(argv=tuple(external.argv), timeout_s=float(external.timeout_s))
 
   def command(self, checkpoint: str, request: Path, output: Path) -> list[str]:
     """argv with every placeholder filled in one pass (a value is never re-expanded)."""

@@ -17,11 +17,11 @@ from typing import Any, Callable, Mapping
 from bat_jax import workflow
 from bat_jax.io_utils import atomic_write_json
 
-REPORT_SCHEMA = "bat_jax.evaluator.report/v1"
+REPORT_SCHEMA = "bat_jax.evaluator.report/v2"  # v2: finish reasons max_turns, max_tool_calls
 TIERS: tuple[str, ...] = ("lite", "standard", "external")
 INVALID_REASONS: tuple[str, ...] = ("timeout", "crash", "parser_failure", "sandbox_error")
 FAILURE_CATEGORIES: tuple[str, ...] = INVALID_REASONS + (
-    "turn_limit", "tool_call_limit", "malformed_turns", "no_submission", "task_failed") + tuple(
+    "max_turns", "max_tool_calls", "malformed_turns", "no_submission", "task_failed") + tuple(
         f"no_evidence_{s}" for s in workflow.STAGES)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 

@@ -27,13 +27,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ml_collections import ConfigDict
-
 from bat_jax.evaluator import episode
 from bat_jax.evaluator.agents import AgentFactory
-from bat_jax.evaluator.cells import Cell, EpisodeLimits
+from bat_jax.evaluator.cells import Cell
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.io_utils import atomic_write_json
+from bat_jax.rollout_protocol import RolloutLimits
 
 Progress = Callable[[int, int, dict[str, Any]], None]  # (done, total, record)
 
@@ -54,17 +53,12 @@ class RunOptions:
     if not self.cell_timeout_s > 0:
       raise ValueError(f"RunOptions.cell_timeout_s must be > 0, got {self.cell_timeout_s!r}")
 
-  @classmethod
-  def from_config(cls, evaluator: ConfigDict) -> "RunOptions":
-    """From a run config's `evaluator` section (workers)."""
-    return cls(workers=int(evaluator.workers))
-
 
 @dataclasses.dataclass(frozen=True)
 class _Job:
   factory: AgentFactory
   records_dir: str
-  limits: EpisodeLimits
+  limits: RolloutLimits
   sandbox_limits: SandboxLimits
   keep_workspaces: bool
   work_key: str  # per run, random: keys the opaque work-folder names
@@ -173,7 +167,7 @@ def _parallel(cells: Sequence[Cell], job: _Job, options: RunOptions,
 
 
 def run_cells(cells: Sequence[Cell], factory: AgentFactory, records_dir: Path, *,
-              limits: EpisodeLimits = EpisodeLimits(),
+              limits: RolloutLimits = RolloutLimits(),
               sandbox_limits: SandboxLimits = SandboxLimits(),
               options: RunOptions = RunOptions(),
               progress: Optional[Progress] = None) -> list[dict[str, Any]]:

@@ -5,10 +5,9 @@ The SGLang-protocol HTTP server over the JAX engine is `bat_jax.rollout.server`
 """
 
 from bat_jax.rollout.agent_loop import (AgentLoop, AgentTurn, Environment, PolicyAgent,
-                                        RolloutItem, RolloutLimits, Score, TaskEnvironment,
-                                        task_environments)
-from bat_jax.rollout.engine import (FINISH_REASONS, Completion, Engine, GenerateRequest,
-                                    PromptTooLongError, SamplingParams)
+                                        RolloutItem, Score, TaskEnvironment, task_environments)
+from bat_jax.rollout.engine import (Completion, Engine, GenerateRequest, PromptTooLongError,
+                                    SamplingParams)
 from bat_jax.rollout.jax_engine import JaxEngine, JaxEngineConfig
 from bat_jax.rollout.replay_engine import ScriptedEngine
 from bat_jax.rollout.sglang_client import (ContextLengthExceededError, ProtocolError,
@@ -17,10 +16,12 @@ from bat_jax.rollout.sglang_client import (ContextLengthExceededError, ProtocolE
                                            ServerUnavailableError, WeightSyncTimes, sync_weights)
 from bat_jax.rollout.sglang_launcher import (SGLangLaunchConfig, ServerProcess, ServerStartError,
                                              free_port, sglang_command)
-from bat_jax.rollout.trajectory import UNTRAINABLE_FINISH_REASONS, Trajectory, collate
+from bat_jax.rollout.trajectory import Trajectory, collate
+from bat_jax.rollout_protocol import FINISH_REASONS, UNTRAINABLE_FINISH_REASONS, RolloutLimits
 
 __all__ = [
-    "AgentLoop", "AgentTurn", "Completion", "ContextLengthExceededError", "Engine", "Environment", "FINISH_REASONS",
+    "AgentLoop", "AgentTurn", "Completion", "ContextLengthExceededError", "Engine", "Environment",
+    "FINISH_REASONS",
     "GenerateRequest", "JaxEngine", "JaxEngineConfig", "PolicyAgent", "PromptTooLongError",
     "ProtocolError", "RequestRejectedError", "RetryPolicy", "RolloutItem", "RolloutLimits",
     "SGLangClient", "SGLangEngine", "SGLangError", "SGLangLaunchConfig", "SamplingParams",

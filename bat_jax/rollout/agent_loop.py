@@ -28,32 +28,15 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from bat_jax import rubric, train_tasks, workflow
+from bat_jax.model.chat_format import ChatFormat
 from bat_jax.rollout.engine import (Completion, Engine, GenerateRequest, PromptTooLongError,
-                                    SamplingParams)
+                                    SamplingParams, generate_isolated)
 from bat_jax.rollout.trajectory import Trajectory
+from bat_jax.rollout_protocol import (RolloutLimits, calls_over_limit, cut_turn,
+                                      error_observation, malformed_call, tool_call_problem)
 from bat_jax.sandbox import SandboxLimits
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutLimits:
-  """Per-trajectory limits (BaT reference values by default)."""
-  max_assistant_turns: int = 24
-  max_tool_calls: int = 23
-  max_response_tokens: int = 16_384
-  max_observation_chars: int = workflow.MAX_OBSERVATION_CHARS
-  max_turn_tokens: int = 4_096
-  max_code_chars: int = 32_768
-  # None: the engine decides (the JAX engine raises PromptTooLongError -> "context_full"). Set
-  # it for SGLang, whose answer to an over-long prompt is an HTTP 400 like any bad request.
-  max_context_tokens: Optional[int] = None
-
-  def __post_init__(self):
-    for f in dataclasses.fields(self):
-      v = getattr(self, f.name)
-      if v is not None and v < 1:
-        raise ValueError(f"RolloutLimits.{f.name} = {v} must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,11 +158,12 @@ class AgentLoop:
     tool_workers: threads running tool calls (and environment setup / scoring).
   """
 
-  def __init__(self, engine: Engine, chat_format: Any, make_env: Callable[[RolloutItem, int],
-               Environment], *, sampling: SamplingParams = SamplingParams(temperature=1.0),
+  def __init__(self, engine: Engine, chat_format: ChatFormat,
+               make_env: Callable[[RolloutItem, int], Environment], *,
+               sampling: SamplingParams = SamplingParams(temperature=1.0),
                limits: RolloutLimits = RolloutLimits(), tool_workers: int = 8):
     self.engine = engine
-    self.chat = chat_format
+    self.chat_format = chat_format
     self.make_env = make_env
     self.sampling = sampling
     self.limits = limits
@@ -211,10 +195,10 @@ class AgentLoop:
     session = f"{item.state_id}/{g}/{uuid.uuid4().hex[:8]}"
     error, prompt = None, []
     try:
-      prompt = self.chat.encode_prompt(list(item.messages))
+      prompt = self.chat_format.encode_prompt(list(item.messages))
     except Exception as e:  # pylint: disable=broad-except
       error = f"prompt could not be rendered: {type(e).__name__}: {e}"
-    traj = Trajectory(state_id=item.state_id, stage=item.focus, pool=item.pool,
+    traj = Trajectory(state_id=item.state_id, focus=item.focus, pool=item.pool,
                       task_id=str(getattr(item.instance, "task_id", "")), sample_index=g,
                       token_ids=list(prompt), loss_mask=[0] * len(prompt),
                       sampler_logp=[0.0] * len(prompt), prompt_len=len(prompt))
@@ -257,21 +241,7 @@ class AgentLoop:
         s.finish("error", f"engine failed: {type(result).__name__}: {result}")
 
   def _generate(self, requests: list[GenerateRequest]) -> list[Completion | Exception]:
-    if not requests:
-      return []
-    try:
-      return list(self.engine.generate(requests))
-    except PromptTooLongError as e:  # expected near the context limit: find which ones
-      log.info("a prompt is too long (%s); retrying %d requests one by one", e, len(requests))
-    except Exception:  # pylint: disable=broad-except
-      log.exception("batched generate failed; retrying %d requests one by one", len(requests))
-    out: list[Completion | Exception] = []
-    for r in requests:
-      try:
-        out.append(self.engine.generate([r])[0])
-      except Exception as e:  # pylint: disable=broad-except
-        out.append(e)
-    return out
+    return generate_isolated(self.engine, requests) if requests else []
 
   def _take_turn(self, s: _Live, c: Completion) -> None:
     """Appends the generated tokens and decides what the turn asks for."""
@@ -289,13 +259,12 @@ class AgentLoop:
         s.finish("max_response_tokens")
         return
       t.num_malformed += 1
-      s.notes.append(f"error: the turn was cut at {len(c.output_ids)} tokens before it ended; "
-                     f"keep each turn under {lim.max_turn_tokens} tokens")
+      s.notes.append(error_observation(cut_turn(len(c.output_ids), lim.max_turn_tokens)))
       return
-    parsed = self.chat.parse_actions(self.chat.decode(c.output_ids))
+    parsed = self.chat_format.parse_actions(self.chat_format.decode(c.output_ids))
     if parsed.error is not None:
       t.num_malformed += 1
-      s.notes.append(f"error: malformed tool call: {parsed.error.message}")
+      s.notes.append(error_observation(malformed_call(parsed.error.message)))
       return
     if not parsed.actions:
       s.finish("agent_stop")
@@ -306,8 +275,8 @@ class AgentLoop:
       return
     s.calls = list(parsed.actions[:room])
     if len(parsed.actions) > room:
-      s.notes.append(f"error: tool-call limit ({lim.max_tool_calls}) reached; "
-                     f"{len(parsed.actions) - room} call(s) of this turn were not run")
+      s.notes.append(error_observation(
+          calls_over_limit(lim.max_tool_calls, len(parsed.actions) - room)))
 
   def _run_tools(self, states: list[_Live], pool: concurrent.futures.Executor) -> None:
     """Runs this turn's tool calls, then appends each trajectory's observation delta."""
@@ -327,8 +296,8 @@ class AgentLoop:
         s.finish("max_response_tokens")
         continue
       observations = [_clip(o, lim.max_observation_chars) for o in observations]
-      after_stop = bool(t.token_ids) and t.token_ids[-1] == self.chat.im_end_id
-      delta = self.chat.encode_observation_delta(observations, after_stop=after_stop)
+      after_stop = bool(t.token_ids) and t.token_ids[-1] == self.chat_format.im_end_id
+      delta = self.chat_format.encode_observation_delta(observations, after_stop=after_stop)
       if (lim.max_context_tokens is not None
           and len(t.token_ids) + len(delta) >= lim.max_context_tokens):
         s.finish("context_full")  # no room for the observation and a next turn
@@ -338,21 +307,12 @@ class AgentLoop:
       t.sampler_logp += [0.0] * len(delta)
 
   def _call_tool(self, s: _Live, call: Mapping[str, Any]) -> str:
-    args = call.get("arguments", {})
-    name = call.get("name")
-    if name != workflow.TOOL_NAME:
-      return f"error: unknown tool {name!r}; the only tool is {workflow.TOOL_NAME!r}"
-    language, code = args.get("language"), args.get("code")
-    if language not in workflow.TOOL_LANGUAGES:
-      return (f"error: {workflow.TOOL_NAME}.language = {language!r} is not one of "
-              f"{list(workflow.TOOL_LANGUAGES)}")
-    if not isinstance(code, str):
-      return f"error: {workflow.TOOL_NAME}.code must be a string"
-    if len(code) > self.limits.max_code_chars:
-      return (f"error: {workflow.TOOL_NAME}.code is {len(code)} characters, over the "
-              f"{self.limits.max_code_chars}-character limit; nothing was run")
+    problem = tool_call_problem(call, self.limits)
+    if problem is not None:
+      return error_observation(problem)
+    args = call["arguments"]
     try:
-      return s.env.execute(language, code)
+      return s.env.execute(args["language"], args["code"])
     except ValueError as e:  # a bad argument the sandbox refused
       return f"error: {e}"
     except Exception as e:  # pylint: disable=broad-except
@@ -415,23 +375,24 @@ class PolicyAgent:
   the chat format renders them for the policy's family.
   """
 
-  def __init__(self, engine: Engine, chat_format: Any, *,
+  def __init__(self, engine: Engine, chat_format: ChatFormat, *,
                sampling: SamplingParams = SamplingParams(temperature=0.0),
                max_turn_tokens: int = 4096, session_id: Optional[str] = None):
     self.engine = engine
-    self.chat = chat_format
+    self.chat_format = chat_format
     self.sampling = dataclasses.replace(sampling, max_new_tokens=max_turn_tokens,
                                         stop_token_ids=tuple(chat_format.stop_token_ids))
+    self.max_turn_tokens = max_turn_tokens
     self.session_id = session_id or uuid.uuid4().hex
 
   def __call__(self, messages: Sequence[Mapping[str, Any]]) -> AgentTurn:
-    ids = self.chat.encode_prompt(list(messages))
+    ids = self.chat_format.encode_prompt(list(messages))
     c = self.engine.generate([GenerateRequest(ids, self.sampling, self.session_id)])[0]
     if c.finish_reason == "length":
-      return AgentTurn((), error=f"the turn was cut at {len(c.output_ids)} tokens",
+      return AgentTurn((), error=cut_turn(len(c.output_ids), self.max_turn_tokens),
                        finish_reason="length")
-    parsed = self.chat.parse_actions(self.chat.decode(c.output_ids))
-    error = parsed.error.message if parsed.error is not None else None
+    parsed = self.chat_format.parse_actions(self.chat_format.decode(c.output_ids))
+    error = malformed_call(parsed.error.message) if parsed.error is not None else None
     return AgentTurn(tuple(parsed.actions), parsed.thought, error, c.finish_reason)
 
   def close(self) -> None:

@@ -15,9 +15,14 @@ computes the new suffix.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Protocol, Sequence
+import logging
+from typing import Any, Mapping, Optional, Protocol, Sequence
 
-FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
+log = logging.getLogger(__name__)
+
+# Why the engine ended one completion (SGLang's names); a whole rollout's reasons are
+# `bat_jax.rollout_protocol.FINISH_REASONS`.
+COMPLETION_FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
 
 
 class PromptTooLongError(ValueError):
@@ -99,7 +104,7 @@ class Completion:
   Attributes:
     output_ids: sampled token ids [N] (a final stop token included).
     logprobs: [N] log softmax(logits / T)[token] over the full vocabulary (T = 1 if greedy).
-    finish_reason: one of FINISH_REASONS.
+    finish_reason: one of COMPLETION_FINISH_REASONS.
     prompt_tokens: len(input_ids).
     cached_tokens: prompt tokens whose state was reused rather than recomputed.
     weight_version: the params version that produced it.
@@ -115,9 +120,9 @@ class Completion:
     if len(self.output_ids) != len(self.logprobs):
       raise ValueError(f"Completion: {len(self.output_ids)} output_ids but "
                        f"{len(self.logprobs)} logprobs")
-    if self.finish_reason not in FINISH_REASONS:
+    if self.finish_reason not in COMPLETION_FINISH_REASONS:
       raise ValueError(f"Completion: unknown finish_reason {self.finish_reason!r}; "
-                       f"expected one of {FINISH_REASONS}")
+                       f"expected one of {COMPLETION_FINISH_REASONS}")
 
 
 class Engine(Protocol):
@@ -135,6 +140,28 @@ class Engine(Protocol):
   def weight_version(self) -> str:
     """The version label of the params currently served."""
     ...
+
+
+def generate_isolated(engine: Engine, requests: Sequence[GenerateRequest]
+                      ) -> list[Completion | Exception]:
+  """`engine.generate(requests)`; when the batch fails, each request is retried alone so one bad
+  request fails only itself. Returns each request's Completion or the exception it raised."""
+  try:
+    return list(engine.generate(list(requests)))
+  except Exception as e:  # pylint: disable=broad-except
+    if len(requests) == 1:
+      return [e]
+    if isinstance(e, PromptTooLongError):  # expected near the end of a conversation
+      log.info("a prompt is too long (%s); retrying %d requests one by one", e, len(requests))
+    else:
+      log.exception("batched generate failed; retrying %d requests one by one", len(requests))
+  out: list[Completion | Exception] = []
+  for r in requests:
+    try:
+      out.append(engine.generate([r])[0])
+    except Exception as e:  # pylint: disable=broad-except
+      out.append(e)
+  return out
 
 
 def _is_number(x: Any) -> bool:

@@ -11,6 +11,8 @@ import json
 import uuid
 from typing import Any, Mapping, Sequence
 
+from bat_jax.model.tokenizer import ChatFormat
+
 
 
 def openai_to_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
@@ -63,8 +65,8 @@ def _content_text(content: Any, i: int) -> str:
   raise ValueError(f"messages[{i}].content must be a string or a list of text parts")
 
 
-def assistant_turn(special_text: str, plain_text: str, chat_format: Any, *, parse_tools: bool,
-                   cut_at_length: bool) -> tuple[dict[str, Any], str]:
+def assistant_turn(special_text: str, plain_text: str, chat_format: ChatFormat, *,
+                   parse_tools: bool, cut_at_length: bool) -> tuple[dict[str, Any], str]:
   """OpenAI `message` and `finish_reason` of one generated assistant turn.
 
   Tool calls are read by `chat_format.parse_actions`, the parser the training rollouts use. A

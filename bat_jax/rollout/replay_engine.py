@@ -35,14 +35,14 @@ class ScriptedEngine:
   count) so tests can check that they land on the right tokens.
 
   Args:
-    chat: encodes the scripted text (a `ChatFormat`).
+    chat_format: encodes the scripted text (a `ChatFormat`).
     script: the answers (see `Script`).
     fail: session indices whose calls raise (engine-failure tests).
   """
 
-  def __init__(self, chat: _TextEncoder, script: Script, *,
+  def __init__(self, chat_format: _TextEncoder, script: Script, *,
                fail: frozenset[int] = frozenset()):
-    self.chat = chat
+    self.chat = chat_format
     self.script = script
     self.fail = fail
     self.sessions: dict[str, int] = {}

@@ -19,20 +19,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-# Why a trajectory ended.
-FINISH_REASONS: tuple[str, ...] = (
-    "agent_stop",        # the policy ended a turn without a tool call (it is done)
-    "max_turns",         # assistant-turn limit reached
-    "max_tool_calls",    # the policy asked for a tool call past the limit
-    "max_response_tokens",  # cumulative generated-token budget used up
-    "context_full",      # the next turn would not fit the engine's context
-    "error",             # infrastructure failure (sandbox, engine); reward 0, see `error`
-    "aborted",           # the server aborted a request (SGLang finish_reason "abort"); the cut
-                         # turn is not kept, and the trajectory is not trained on
-)
-# Finish reasons that are not the policy's doing: such trajectories are not trainable.
-UNTRAINABLE_FINISH_REASONS: frozenset[str] = frozenset({"error", "aborted"})
-
+from bat_jax.rollout_protocol import UNTRAINABLE_FINISH_REASONS
 
 @dataclasses.dataclass
 class Trajectory:
@@ -40,7 +27,7 @@ class Trajectory:
 
   Attributes:
     state_id: the GRPO group key (rows with the same state_id share a baseline).
-    stage: the row's focus (`E2E` or a stage id); its rubric gives the reward.
+    focus: the row's focus (`E2E` or a stage id); its rubric gives the reward.
     pool: the Stage Bank pool the row came from.
     task_id: the task instance.
     sample_index: which of the G continuations this is.
@@ -53,13 +40,13 @@ class Trajectory:
     stage_items: per stage, per rubric item: True / False / None (not scored).
     stage_scores: per stage: the checklist score or None.
     task_score: the task metric (E2E rows), or None.
-    finish_reason: one of FINISH_REASONS.
+    finish_reason: one of `bat_jax.rollout_protocol.FINISH_REASONS`.
     num_turns, num_tool_calls, num_response_tokens, num_malformed: counters.
     weight_version: the params version of the last turn.
     error: what went wrong when finish_reason is "error" or "aborted".
   """
   state_id: str
-  stage: str
+  focus: str
   pool: str
   task_id: str
   sample_index: int

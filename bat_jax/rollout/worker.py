@@ -14,7 +14,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Optional, Sequence
 
-from bat_jax.rollout.engine import Completion, Engine, GenerateRequest, PromptTooLongError
+from bat_jax.rollout.engine import Completion, Engine, GenerateRequest, generate_isolated
 
 log = logging.getLogger(__name__)
 
@@ -83,26 +83,12 @@ class EngineWorker:
     live = [(r, f) for r, f in batch if f.set_running_or_notify_cancel()]
     if not live:
       return
-    try:
-      results = self.engine.generate([r for r, _ in live])
-    except Exception as e:  # pylint: disable=broad-except
-      if len(live) == 1:
-        live[0][1].set_exception(e)
-        return
-      # Isolate the bad request: the others must not fail with it. A prompt past the context
-      # is expected near the end of a conversation, not a fault.
-      if isinstance(e, PromptTooLongError):
-        log.info("a prompt is too long (%s); retrying %d requests one by one", e, len(live))
-      else:
-        log.exception("batched generate failed; retrying %d requests one by one", len(live))
-      for r, f in live:
-        try:
-          f.set_result(self.engine.generate([r])[0])
-        except Exception as e:  # pylint: disable=broad-except
-          f.set_exception(e)
-      return
+    results = generate_isolated(self.engine, [r for r, _ in live])
     for (_, f), result in zip(live, results):
-      f.set_result(result)
+      if isinstance(result, Exception):
+        f.set_exception(result)
+      else:
+        f.set_result(result)
 
 
 def _resolve(fut: Future, fn: Callable[[], Any]) -> None:

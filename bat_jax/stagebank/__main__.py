@@ -71,7 +71,7 @@ def _build(args: argparse.Namespace) -> Path:
   if args.target is not None:
     weights = rounds.RoundWeights.for_target(args.target)
   else:
-    weights = rounds.RoundWeights.coerce(json.loads(args.weights.read_text()))
+    weights = rounds.RoundWeights.from_json(json.loads(args.weights.read_text()))
   spec = rounds.RoundSpec(args.round, weights, seed=args.seed, n_batches=args.n_batches,
                           rows_per_batch=args.rows_per_batch)
   return build.build_and_publish(args.out, spec, task_source.load_source_factory(args.source)(),

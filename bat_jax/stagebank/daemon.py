@@ -54,9 +54,9 @@ def _failed_path(bank: Path, round_index: int) -> Path:
   return Path(bank) / FAILED_DIR / f"{shards.round_dirname(round_index)}.json"
 
 
-def request_round(bank: Path, round_index: int, weights: Any, *, target: str | None = None
-                  ) -> Path:
-  """Asks the bank for a round. `weights`: what `curriculum.weights` returns (see RoundWeights).
+def request_round(bank: Path, round_index: int, weights: rounds.RoundWeights, *,
+                  target: str | None = None) -> Path:
+  """Asks the bank for a round with the weights `curriculum.weights` returned.
 
   Re-requesting a round clears an earlier failure (the server tries again); re-requesting a
   published round with the same weights is a no-op.
@@ -69,12 +69,11 @@ def request_round(bank: Path, round_index: int, weights: Any, *, target: str | N
   """
   if round_index < 0:
     raise ValueError(f"round must be >= 0, got {round_index}")
-  w = rounds.RoundWeights.coerce(weights)
-  if target is not None and target != w.primary_stage:
+  if target is not None and target != weights.primary_stage:
     raise ValueError(f"target {target!r} disagrees with the weights' primary stage "
-                     f"{w.primary_stage!r}")
-  _check_published_weights(bank, round_index, w.to_json())
-  request = {"round": round_index, "target": w.primary_stage, "weights": w.to_json()}
+                     f"{weights.primary_stage!r}")
+  _check_published_weights(bank, round_index, weights.to_json())
+  request = {"round": round_index, "target": weights.primary_stage, "weights": weights.to_json()}
   _failed_path(bank, round_index).unlink(missing_ok=True)
   path = _request_path(bank, round_index)
   io_utils.atomic_write_json(path, request)
@@ -133,7 +132,7 @@ def parse_request(path: Path) -> tuple[int, rounds.RoundWeights]:
   if not isinstance(request.get("round"), int) or request["round"] < 0:
     raise ValueError(f"request {path}: field 'round' must be an int >= 0")
   if "weights" in request:
-    weights = rounds.RoundWeights.coerce(request["weights"])
+    weights = rounds.RoundWeights.from_json(request["weights"])
   elif request.get("target") is not None:
     weights = rounds.RoundWeights.for_target(request["target"])
   else:

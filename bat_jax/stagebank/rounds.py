@@ -79,20 +79,16 @@ class RoundWeights:
     return cls(dict(pool_mix), {s: float(s == target) for s in workflow.STAGES})
 
   @classmethod
-  def coerce(cls, weights: Any) -> "RoundWeights":
-    """Accepts a RoundWeights, `curriculum.weights(...)`'s `(pool_mix, stage_weights)` tuple, or
-    a mapping with keys "pool_mix" and "stage_weights"."""
-    if isinstance(weights, RoundWeights):
-      return weights
-    if isinstance(weights, tuple) and len(weights) == 2:
-      return cls(weights[0], weights[1])
-    if isinstance(weights, Mapping):
-      missing = {"pool_mix", "stage_weights"} - set(weights)
-      if missing:
-        raise ValueError(f"round weights are missing {sorted(missing)}")
-      return cls(weights["pool_mix"], weights["stage_weights"])
-    raise TypeError("round weights must be RoundWeights, (pool_mix, stage_weights) or a mapping, "
-                    f"got {type(weights).__name__}")
+  def from_json(cls, weights: Any) -> "RoundWeights":
+    """From `to_json()`'s form `{"pool_mix": {...}, "stage_weights": {...}}` (request files,
+    the outer loop's state, the CLI)."""
+    if not isinstance(weights, Mapping):
+      raise TypeError("round weights must be a mapping with keys 'pool_mix' and "
+                      f"'stage_weights', got {type(weights).__name__}")
+    missing = {"pool_mix", "stage_weights"} - set(weights)
+    if missing:
+      raise ValueError(f"round weights are missing {sorted(missing)}")
+    return cls(weights["pool_mix"], weights["stage_weights"])
 
   @property
   def primary_stage(self) -> str:

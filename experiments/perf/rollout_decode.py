@@ -73,7 +73,7 @@ def rollout_throughput(model, *, items: int, group: int, max_turns: int,
   """Trajectories/min of the agent loop with the real sandbox: expert script and tiny policy."""
   from bat_jax import workflow
   from bat_jax.model import tokenizer as tk
-  from bat_jax.model import chat_format
+  from bat_jax.model.chat_format import ChatFormat
   from bat_jax.model import tokenizer_corpus
   from bat_jax.rollout import (AgentLoop, JaxEngine, JaxEngineConfig, RolloutItem,
                                RolloutLimits, SamplingParams, task_environments)
@@ -82,7 +82,7 @@ def rollout_throughput(model, *, items: int, group: int, max_turns: int,
 
   with tempfile.TemporaryDirectory() as tmp:
     tmp = Path(tmp)
-    chat = chat_format.ChatFormat.for_model(
+    chat_format = ChatFormat.for_model(
         "qwen3_5_text",
         tk.load_tokenizer(tk.train_tokenizer(tokenizer_corpus.tiny_corpus(), 1024, tmp / "tok")))
     rows = []
@@ -95,8 +95,8 @@ def rollout_throughput(model, *, items: int, group: int, max_turns: int,
 
     def script(session, k):
       plan = plans[session // group]
-      return chat.render_action(plan[k]) if k < len(plan) else "Done.\n</think>\n\nDone."
-    loop = AgentLoop(ScriptedEngine(chat, script), chat,
+      return chat_format.render_action(plan[k]) if k < len(plan) else "Done.\n</think>\n\nDone."
+    loop = AgentLoop(ScriptedEngine(chat_format, script), chat_format,
                      task_environments(tmp / "expert", cache_dir=tmp / "cache"),
                      limits=RolloutLimits(max_response_tokens=10 ** 6, max_turn_tokens=10 ** 5))
     trajs, seconds = _timed_run(loop, rows, group)
@@ -105,11 +105,11 @@ def rollout_throughput(model, *, items: int, group: int, max_turns: int,
           f"{seconds:.1f}s -> {60 * len(trajs) / seconds:.1f} trajectories/min "
           f"(mean reward {np.mean([t.reward for t in trajs]):.3f})")
 
-    if model.config.vocab_size < len(chat.tokenizer):
+    if model.config.vocab_size < len(chat_format.tokenizer):
       raise ValueError("the perf model's vocab is smaller than the chat tokenizer's")
     engine = JaxEngine(model, JaxEngineConfig(num_slots=items * group, max_len=4096,
                                               prefill_chunk=512, decode_block=turn_tokens))
-    loop = AgentLoop(engine, chat, task_environments(tmp / "policy"),
+    loop = AgentLoop(engine, chat_format, task_environments(tmp / "policy"),
                      sampling=SamplingParams(temperature=1.0),
                      limits=RolloutLimits(max_assistant_turns=max_turns,
                                           max_turn_tokens=turn_tokens))

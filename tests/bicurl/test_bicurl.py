@@ -13,18 +13,19 @@ import numpy as np
 import pytest
 
 from bat_jax import workflow
+from bat_jax.stagebank.rounds import RoundWeights
 from bat_jax.bicurl import OuterState, RoundRecord, RunPaths, run
 from bat_jax.bicurl.grpo_round import bucket_length, grpo_config, rollout_batch
 from bat_jax.bicurl.report import PLOTS, build_report, markdown
 from bat_jax.bicurl.setup import sft_states
-from bat_jax.bicurl.state import STATE_FILE, round_policy_name
+from bat_jax.bicurl.state import STATE_FILE
 from bat_jax.rollout import Trajectory
 from bat_jax.stagebank import grid, shards
 from tests.bicurl.fast_config import fast_config
 
 
 def _traj(state_id: str, reward: float, n: int = 5) -> Trajectory:
-  return Trajectory(state_id=state_id, stage="S1", pool="s_target", task_id="t", sample_index=0,
+  return Trajectory(state_id=state_id, focus="S1", pool="s_target", task_id="t", sample_index=0,
                     token_ids=list(range(1, n + 1)), loss_mask=[0, 0] + [1] * (n - 2),
                     sampler_logp=[0.0] * n, prompt_len=2, reward=reward,
                     finish_reason="agent_stop")
@@ -55,16 +56,15 @@ def test_sft_states_cover_tracks_before_repeating():
 
 
 def test_outer_state_round_trips_and_reports(tmp_path):
-  state = OuterState(sft_done=True, baseline="round_000",
-                     next_weights={"pool_mix": {"s_target": 0.5, "s_mix": 0.25, "e2e": 0.25},
-                                   "stage_weights": {s: float(s == "S4") for s in workflow.STAGES}})
+  state = OuterState(sft_done=True, baseline="round_000000",
+                     next_weights=RoundWeights.for_target("S4"))
   scores = {s: 0.1 * i for i, s in enumerate(workflow.STAGES)}
-  for name in ("sft", "round_000"):
+  for name in ("sft", "round_000000"):
     state.evaluations[name] = {"overall": 0.3, "task": 0.2, "agentic": 0.4,
                                "stage_scores": scores, "failure_categories": {}}
   state.rounds.append(RoundRecord(
       round=0, target="S1", weights=state.next_weights, start_policy="sft",
-      candidate="round_000", gate={"passed": False, "reasons": ["overall_drop: 0.02 > 0.01"],
+      candidate="round_000000", gate={"passed": False, "reasons": ["overall_drop: 0.02 > 0.01"],
                                    "checks": {}},
       promoted=False, steps=[{"step": 1, "reward_mean": 0.25, "kl": 0.01}], healthy=True))
   state.phase_seconds["sft"] = 3.0
@@ -72,7 +72,7 @@ def test_outer_state_round_trips_and_reports(tmp_path):
   loaded = OuterState.load(tmp_path)
   assert loaded == state
   report = build_report(loaded)
-  assert [e["policy"] for e in report["evaluations"]] == ["sft", "round_000"]
+  assert [e["policy"] for e in report["evaluations"]] == ["sft", "round_000000"]
   assert report["rounds"][0]["reward_mean"] == 0.25 and report["rounds"][0]["kl_mean"] == 0.01
   md = markdown(report)
   assert "| 0 | S1 | S4:1.00 | s_target:0.50 s_mix:0.25 e2e:0.25 | sft | hold | False |" in md
@@ -108,7 +108,7 @@ def finished_run(tmp_path_factory):
 
 
 def _policies(cfg) -> list[str]:
-  return ["sft"] + [round_policy_name(r) for r in range(cfg.grpo.rounds)]
+  return ["sft"] + [shards.round_dirname(r) for r in range(cfg.grpo.rounds)]
 
 
 def test_end_to_end_run_writes_every_artifact(finished_run):

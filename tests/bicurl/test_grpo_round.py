@@ -11,6 +11,7 @@ from flax import nnx
 
 from bat_jax.bicurl import setup
 from bat_jax.bicurl.grpo_round import GrpoRound, grpo_config, rollout_batch
+from bat_jax.run_config import RunConfig
 from bat_jax.grpo import taken_token_logprobs
 from bat_jax.rollout import Trajectory
 from tests.bicurl.fast_config import fast_config
@@ -18,7 +19,7 @@ from tests.bicurl.fast_config import fast_config
 
 def _traj(state_id, reward, *, finish="agent_stop", n=6, tokens=None, logprobs=None):
   tokens = list(range(1, n + 1)) if tokens is None else tokens
-  return Trajectory(state_id=state_id, stage="S1", pool="s_target", task_id="t", sample_index=0,
+  return Trajectory(state_id=state_id, focus="S1", pool="s_target", task_id="t", sample_index=0,
                     token_ids=tokens, loss_mask=[0, 0] + [1] * (len(tokens) - 2),
                     sampler_logp=logprobs or [0.0] * len(tokens), prompt_len=2,
                     reward=reward, finish_reason=finish)
@@ -42,7 +43,7 @@ def test_errored_and_aborted_rollouts_leave_the_loss_and_the_baselines():
 
 @pytest.mark.slow  # ~35 s of CPU, mostly compiling the step; over a minute on a loaded box
 def test_tis_cap_runs_a_grpo_step_and_logs_the_sampler_gap(tmp_path, chat):
-  cfg = fast_config(grpo__tis_cap=2.0, grpo__kl_coef=0.006, grpo__lr=1e-3)
+  cfg = RunConfig.from_config(fast_config(grpo__tis_cap=2.0, grpo__kl_coef=0.006, grpo__lr=1e-3))
   model = setup.initial_model(cfg)
   ref = jax.tree.map(jnp.copy, nnx.state(model, nnx.Param))  # the step donates the start params
   rng = np.random.default_rng(0)
@@ -77,7 +78,7 @@ def test_tis_cap_runs_a_grpo_step_and_logs_the_sampler_gap(tmp_path, chat):
 
 
 def test_round_start_kl_reference_is_a_copy_of_the_start_policy(tmp_path, chat):
-  cfg = fast_config(grpo__kl_reference="round_start")
+  cfg = RunConfig.from_config(fast_config(grpo__kl_reference="round_start"))
   model = setup.initial_model(cfg)
   sft = jax.tree.map(jnp.zeros_like, nnx.state(model, nnx.Param))
   grpo = GrpoRound(cfg, 0, model, sft, types.SimpleNamespace(engine=None), chat,
@@ -85,6 +86,7 @@ def test_round_start_kl_reference_is_a_copy_of_the_start_policy(tmp_path, chat):
   ref, start = grpo.ref_params, nnx.state(model, nnx.Param)
   for r, s in zip(jax.tree.leaves(ref), jax.tree.leaves(start)):
     np.testing.assert_array_equal(np.asarray(r), np.asarray(s).astype(np.asarray(r).dtype))
-  sft_grpo = GrpoRound(fast_config(), 0, model, sft, types.SimpleNamespace(engine=None), chat,
-                       tmp_path / "ckpt2", tmp_path / "ws2")
+  sft_grpo = GrpoRound(RunConfig.from_config(fast_config()), 0, model, sft,
+                       types.SimpleNamespace(engine=None), chat, tmp_path / "ckpt2",
+                       tmp_path / "ws2")
   assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(sft_grpo.ref_params))

@@ -62,24 +62,24 @@ def test_two_processes_train_sft_and_a_round_killed_and_resumed(tmp_path, requir
   workdir, logs = tmp_path / "run", tmp_path
   start = time.monotonic()
   assert _run_pair(workdir, logs, lambda: (workdir / "ckpt/sft/1").is_dir()), "no mid-SFT kill"
-  assert _run_pair(workdir, logs, lambda: (workdir / "ckpt/round_000/1").is_dir()), \
+  assert _run_pair(workdir, logs, lambda: (workdir / "ckpt/round_000000/1").is_dir()), \
       "no mid-round kill"
   assert not _run_pair(workdir, logs, lambda: False)
   print(f"two-process run with two kills: {time.monotonic() - start:.0f} s")
 
   p0, p1 = (logs / "p0.log").read_text(), (logs / "p1.log").read_text()
-  resumed = "ckpt/round_000 at step 1"  # the Trainer's resume line, on both processes
+  resumed = "ckpt/round_000000 at step 1"  # the Trainer's resume line, on both processes
   assert resumed in p0 and resumed in p1 and "ckpt/sft at step 1" in p1
   assert p0.count("Stage Bank spawned") == 3 and "Stage Bank spawned" not in p1
   assert "[p1]" in p1 and "round 0: target" in p1   # process 1 ran the loop to the end
 
   state = json.loads((workdir / "outer_state.json").read_text())
-  assert state["sft_done"] and sorted(state["evaluations"]) == ["round_000", "sft"]
+  assert state["sft_done"] and sorted(state["evaluations"]) == ["round_000000", "sft"]
   steps = state["rounds"][0]["steps"]
   assert [s["step"] for s in steps] == [1, 2]
   assert all(s["sampler_gap"] >= 0 and "sampler_gap_max" in s for s in steps)
-  for policy in ("sft", "round_000"):
+  for policy in ("sft", "round_000000"):
     assert list((workdir / "policies" / policy).glob("*.safetensors"))
-  assert sorted(p.name for p in (workdir / "ckpt/round_000").iterdir() if p.name.isdigit()) == \
+  assert sorted(p.name for p in (workdir / "ckpt/round_000000").iterdir() if p.name.isdigit()) == \
       ["1", "2"]
   assert (workdir / "report.json").is_file()

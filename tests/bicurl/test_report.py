@@ -28,16 +28,16 @@ def test_standard_error_matches_the_formula():
 
 
 def test_report_shows_standard_errors_targets_and_applied_steps():
-  state = OuterState(sft_done=True, baseline="round_000")
+  state = OuterState(sft_done=True, baseline="round_000000")
   state.evaluations["sft"] = headline(_eval_report([0.1, 0.3, 0.2, 0.4, 0.1, 0.2, 0.3]))
-  state.evaluations["round_000"] = headline(_eval_report([0.5] * 7))
+  state.evaluations["round_000000"] = headline(_eval_report([0.5] * 7))
   assert state.evaluations["sft"]["standard_errors"]["n"] == 7
-  assert state.evaluations["round_000"]["standard_errors"]["overall"] == 0.0
+  assert state.evaluations["round_000000"]["standard_errors"]["overall"] == 0.0
   state.rounds.append(RoundRecord(
       round=0, target="S2",
       weights={"pool_mix": {p: 1 / 3 for p in workflow.POOLS},
                "stage_weights": {s: float(s == "S2") for s in workflow.STAGES}},
-      start_policy="sft", candidate="round_000",
+      start_policy="sft", candidate="round_000000",
       gate={"passed": True, "reasons": [], "checks": {}}, promoted=True, healthy=True,
       steps=[{"reward_mean": 0.2, "no_signal": 0.0}, {"reward_mean": 0.0, "no_signal": 1.0}]))
   report = build_report(state)

@@ -46,8 +46,8 @@ def test_sigkill_and_resume_matches_an_uninterrupted_run(tmp_path, require_bwrap
 
   kill_points = [
       ("mid-SFT", lambda: (killed / "ckpt/sft/1").is_dir()),
-      ("mid-round", lambda: (killed / "ckpt/round_000/1").is_dir()),
-      ("mid-evaluation", lambda: any((killed / "eval_records/round_001/cells").glob("*.json"))),
+      ("mid-round", lambda: (killed / "ckpt/round_000000/1").is_dir()),
+      ("mid-evaluation", lambda: any((killed / "eval_records/round_000001/cells").glob("*.json"))),
   ]
   for name, reached in kill_points:
     assert _run_until(killed, env, reached), f"the run finished before the {name} kill point"

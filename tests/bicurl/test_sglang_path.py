@@ -41,7 +41,7 @@ def test_outer_loop_over_launched_bat_jax_serve_survives_sigkill(tmp_path, requi
          "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "xla_cache"),
          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
   work = tmp_path / "run"
-  assert _run_until(work, env, lambda: (work / "ckpt/round_000/1").is_dir(), 1500.0, DRIVER), \
+  assert _run_until(work, env, lambda: (work / "ckpt/round_000000/1").is_dir(), 1500.0, DRIVER), \
       "the run finished before the mid-round kill point"
   deadline = time.monotonic() + 30  # the server gets SIGTERM from the kernel (PDEATHSIG)
   while _servers_of(work) and time.monotonic() < deadline:
@@ -53,7 +53,7 @@ def test_outer_loop_over_launched_bat_jax_serve_survives_sigkill(tmp_path, requi
   (rec,) = state.rounds
   assert [s["step"] for s in rec.steps] == [1, 2]
   assert all(np.isfinite(s["loss"]) and s["errors"] == 0 for s in rec.steps)
-  assert set(state.evaluations) == {"sft", "round_000"}
+  assert set(state.evaluations) == {"sft", "round_000000"}
   log = (work / "logs" / "sglang.log").read_text()
   assert log.count("bat_jax.serve: serving") == 2  # one server per process, restarted on resume
   exported = json.loads((work / "sglang_weights" / "config.json").read_text())

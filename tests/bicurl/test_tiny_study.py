@@ -12,7 +12,7 @@ import tiny_study  # noqa: E402
 
 def _report(overall, target_scores, applied):
   evals = [{"policy": p, "overall": o, "stage_scores": {s: o for s in workflow.STAGES}}
-           for p, o in zip(("sft", "round_000"), overall)]
+           for p, o in zip(("sft", "round_000000"), overall)]
   return {"evaluations": evals, "rounds": [{"grpo_steps": 2, "reward_mean": 0.3}],
           "target_before_after": [{"round": 0, "target": "S3", "before": target_scores[0],
                                    "after": target_scores[1]}],
@@ -23,14 +23,14 @@ def test_fork_copies_the_cold_start_and_resets_the_outer_state(tmp_path):
   src = tmp_path / "seed_0" / "argmin"
   for rel in ("tokenizer/tokenizer.json", "ckpt/sft/1/x", "policies/sft/model.safetensors",
               "evals/sft.json", "stagebank/sft/manifest.json", "stagebank/markers.json",
-              "stagebank/round_000000/manifest.json", "evals/round_000.json"):
+              "stagebank/round_000000/manifest.json", "evals/round_000000.json"):
     (src / rel).parent.mkdir(parents=True, exist_ok=True)
     (src / rel).write_text(rel)
   (src / "config.json").write_text(json.dumps({"curriculum": {"mode": "argmin"}, "seed": 0}))
   (src / "outer_state.json").write_text(json.dumps({
-      "sft_done": True, "sft_validation_nll": 0.5, "baseline": "round_000",
+      "sft_done": True, "sft_validation_nll": 0.5, "baseline": "round_000000",
       "next_weights": {"x": 1}, "rounds": [{"round": 0}],
-      "evaluations": {"sft": {"overall": 0.2}, "round_000": {"overall": 0.3}},
+      "evaluations": {"sft": {"overall": 0.2}, "round_000000": {"overall": 0.3}},
       "phase_seconds": {"sft": 10.0, "evaluation": 3.0}}))
   dst = tmp_path / "seed_0" / "uniform"
   tiny_study.fork_cold_start(src, dst, "uniform")
@@ -41,7 +41,7 @@ def test_fork_copies_the_cold_start_and_resets_the_outer_state(tmp_path):
   assert state["evaluations"] == {"sft": {"overall": 0.2}} and state["sft_validation_nll"] == 0.5
   assert (dst / "ckpt/sft/1/x").is_file() and (dst / "evals/sft.json").is_file()
   assert not (dst / "stagebank/round_000000").exists()  # rounds depend on the mode
-  assert not (dst / "evals/round_000.json").exists()
+  assert not (dst / "evals/round_000000.json").exists()
 
 
 def test_table_has_mean_and_standard_error_over_seeds():
@@ -49,6 +49,6 @@ def test_table_has_mean_and_standard_error_over_seeds():
                         1: _report([0.4, 0.6], [0.3, 0.5], 1)}}
   md = tiny_study.markdown(reports)
   assert "| argmin | 2 | sft | 0 | 0.300 ± 0.100 |" in md
-  assert "| argmin | 2 | round_000 | 2 | 0.500 ± 0.100 |" in md
+  assert "| argmin | 2 | round_000000 | 2 | 0.500 ± 0.100 |" in md
   assert "| argmin | 0 | S3,S3 | 0.200 ± 0.100 | 0.500 ± 0.000 | 0.300 ± 0.100 |" in md
   assert "| argmin | 1 | 0.300 | 1 of 2 |" in md

@@ -10,6 +10,7 @@ from ml_collections import config_flags
 
 from bat_jax import curriculum, gate, workflow
 from bat_jax.config_validation import ConfigError, validate_config
+from bat_jax.run_config import RunConfig
 from configs import base, bat4b, bat9b, qwen_reference, tiny, tiny_sweeps
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -216,6 +217,7 @@ def test_gpu_configs_match_the_reference_round_view(module):
 @GPU_CONFIGS
 def test_gpu_configs_match_the_reference_gate(module):
   cfg = module.get_config()
+  run = RunConfig.from_config(cfg)
   ref_gate = REFERENCE["promotion_gate"]
   assert cfg.gate.max_overall_drop == ref_gate["maximum_overall_drop"]
   assert cfg.gate.max_task_drop == ref_gate["maximum_task_drop"]
@@ -223,18 +225,18 @@ def test_gpu_configs_match_the_reference_gate(module):
   assert cfg.gate.max_stage_drop == ref_gate["maximum_s3_s5_stage_drop"]
   assert cfg.gate.guarded_stages == ("S3", "S4", "S5")
   assert cfg.gate.catastrophic_overall_drop == ref_gate["catastrophic_overall_drop"]
-  assert gate.GateThresholds.from_config(cfg.gate) == gate.GateThresholds()
+  assert run.gate == gate.GateThresholds()
 
 
 @GPU_CONFIGS
 def test_gpu_configs_match_the_reference_target_selection(module):
   cfg, view = module.get_config(), REFERENCE["data"]["round_view"]
+  run = RunConfig.from_config(cfg)
   selection = REFERENCE["target_selection"]
   assert cfg.curriculum.mode == "argmin"
   assert tuple(selection["stage_order"]) == workflow.STAGES
   # The configured curriculum applies the release's pool mix.
-  pool, _ = curriculum.weights({"S1": 0.5}, None, True,
-                               curriculum.CurriculumConfig.from_config(cfg.curriculum))
+  pool = curriculum.weights({"S1": 0.5}, None, True, run.curriculum).pool_mix
   assert pool == {p: n / view["rows_per_batch"] for p, n in view["pool_rows_per_batch"].items()}
   assert {s["id"]: s["agentic_weight"] for s in REFERENCE["stages"]} == dict(
       workflow.STAGE_WEIGHTS)

@@ -71,7 +71,7 @@ def _record(cell, overall, valid=True, reason="crash"):
           "stage_scores": {s: overall for s in workflow.STAGES}, "task_score": overall,
           "agentic": overall, "overall": overall,
           "stage_evidence": {s: True for s in workflow.STAGES}, "submitted": True,
-          "stop_reason": "agent_stop", "malformed_turns": 0, "turns": 3, "tool_calls": 3}
+          "finish_reason": "agent_stop", "malformed_turns": 0, "turns": 3, "tool_calls": 3}
 
 
 @pytest.mark.parametrize("reason", ["crash", "timeout", "sandbox_error", "parser_failure"])

@@ -116,7 +116,7 @@ def test_both_sides_send_the_public_system_prompt():
   from bat_jax import workflow
   from bat_jax.evaluator import episode
   from bat_jax.evaluator.agents import Turn
-  from bat_jax.evaluator.cells import EpisodeLimits
+  from bat_jax.rollout_protocol import RolloutLimits
   from bat_jax.stagebank import rl_rows
 
   seen = []
@@ -125,7 +125,7 @@ def test_both_sides_send_the_public_system_prompt():
     seen.append(messages[0])
     return Turn(())  # stop at once: the sandbox is never used
 
-  counters = episode._drive(agent, None, "brief", EpisodeLimits())
-  assert counters["stop_reason"] == "agent_stop"
+  counters = episode._drive(agent, None, "brief", RolloutLimits())
+  assert counters["finish_reason"] == "agent_stop"
   assert seen == [{"role": "system", "content": workflow.SYSTEM_PROMPT}]
   assert rl_rows.SYSTEM_PROMPT == workflow.SYSTEM_PROMPT

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 
 from bat_jax import workflow
-from bat_jax.evaluator.cells import (Cell, EpisodeLimits, cell_set_digest, make_cells,
-                                     protocol_digest)
+from bat_jax.evaluator.cells import Cell, cell_set_digest, make_cells, protocol_digest
+from bat_jax.rollout_protocol import RolloutLimits
 from bat_jax.sandbox import SandboxLimits
 
 
@@ -23,7 +23,7 @@ def test_digests_change_with_what_is_measured():
   assert cell_set_digest(make_cells(8, 3, "lite")) != cell_set_digest(base)
   assert cell_set_digest(make_cells(7, 3, "standard")) != cell_set_digest(base)
   assert cell_set_digest(make_cells(7, 2, "lite")) != cell_set_digest(base)
-  limits, sandbox = EpisodeLimits(), SandboxLimits()
+  limits, sandbox = RolloutLimits(), SandboxLimits()
   ref = protocol_digest(base, limits, sandbox)
   assert ref == protocol_digest(base, limits, sandbox)
   assert protocol_digest(base, dataclasses.replace(limits, max_tool_calls=22), sandbox) != ref
@@ -36,18 +36,19 @@ def test_bad_cells_and_limits_are_named():
   with pytest.raises(ValueError, match="Cell.tier"):
     Cell("vqa", "success", 0, "gold")
   with pytest.raises(ValueError, match="max_assistant_turns"):
-    EpisodeLimits(max_assistant_turns=0)
+    RolloutLimits(max_assistant_turns=0)
   with pytest.raises(ValueError, match="cells_per_track"):
     make_cells(0, 0, "lite")
 
 
 def test_settings_follow_the_run_config():
   from configs import base
-  from bat_jax.evaluator import EvalSettings, RunOptions
+  from bat_jax.run_config import RunConfig
   cfg = base.base_config()
-  settings = EvalSettings.from_config(cfg)
+  cfg.model.path = "checkpoint"  # a reference config needs one; nothing is read here
+  run = RunConfig.from_config(cfg)
+  settings = run.evaluation
   assert settings.tier == cfg.evaluator.tier and settings.seed == cfg.evaluator.seed
-  assert settings.limits == EpisodeLimits()  # the training rollouts' limits
-  assert settings.sandbox_limits == SandboxLimits()
+  assert settings.limits == run.rollout.limits == RolloutLimits()  # the training rollouts'
+  assert settings.sandbox_limits == run.sandbox == SandboxLimits()
   assert len(settings.cells()) == cfg.evaluator.cells_per_track * len(workflow.TRACKS)
-  assert RunOptions.from_config(cfg.evaluator).workers == cfg.evaluator.workers

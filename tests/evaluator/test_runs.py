@@ -42,7 +42,7 @@ def test_oracle_scores_at_least_095_on_every_track(tmp_path):
   for track, scores in report["track_scores"].items():
     assert scores["overall"] >= 0.95, (track, scores)
   assert report["overall"] >= 0.95 and report["failure_categories"] == {}
-  assert all(r["stop_reason"] == "agent_stop" and r["tool_calls"] <= 23 for r in records)
+  assert all(r["finish_reason"] == "agent_stop" and r["tool_calls"] <= 23 for r in records)
   # Per-cell records stay evaluator-side; nothing of them is in the report.
   assert len(list((tmp_path / "records" / "cells").glob("*.json"))) == 7
   assert not any(r["task_id"] in json.dumps(report) for r in records)
@@ -88,10 +88,10 @@ def test_training_limits_apply(tmp_path, malformed):
   rec = records[0]
   assert rec["valid"] and rec["turns"] == 24
   if malformed:
-    assert rec["stop_reason"] == "turn_limit" and rec["tool_calls"] == 0
+    assert rec["finish_reason"] == "max_turns" and rec["tool_calls"] == 0
     assert rec["malformed_turns"] == 24 and agent.observations[0] == "error: no tool call found"
   else:
-    assert rec["stop_reason"] == "tool_call_limit" and rec["tool_calls"] == 23
+    assert rec["finish_reason"] == "max_tool_calls" and rec["tool_calls"] == 23
     assert len(agent.observations) == 23
     assert all(len(o) <= workflow.MAX_OBSERVATION_CHARS for o in agent.observations)
     assert "truncated" in agent.observations[0]

@@ -125,7 +125,7 @@ def test_null_logprob_is_nan_not_a_crash():
   finally:
     engine.close()
   assert c.output_ids == (4, 5) and math.isnan(c.logprobs[0]) and c.logprobs[1] == -0.25
-  t = Trajectory(state_id="s", stage="S1", pool="p", task_id="t", sample_index=0,
+  t = Trajectory(state_id="s", focus="S1", pool="p", task_id="t", sample_index=0,
                  token_ids=[1, 2, 3, 4, 5], loss_mask=[0, 0, 0, 1, 1],
                  sampler_logp=[0.0, 0.0, 0.0, *c.logprobs], prompt_len=3, finish_reason="max_turns")
   batch = collate([t])  # the unknown token is not trained on; nothing NaN reaches the trainer

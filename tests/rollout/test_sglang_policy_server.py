@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from bat_jax.bicurl.policy import SGLangPolicyServer, make_policy_server
-from bat_jax.config_validation import validate_config
+from bat_jax.run_config import RunConfig
 from bat_jax.rollout.engine import GenerateRequest, SamplingParams
 from tests.rollout.process_checks import group_alive
 from configs import tiny
@@ -33,8 +33,7 @@ def _config():
       "rollout.limits.max_context_tokens": 64,
       "rollout.sglang.extra_args": ("--num-slots", "2", "--prefill-chunk", "32",
                                     "--decode-block", "8")})
-  validate_config(cfg)
-  return cfg
+  return RunConfig.from_config(cfg)
 
 
 def test_launched_bat_jax_serve_syncs_weights_per_step_and_releases_memory(
@@ -52,19 +51,19 @@ def test_launched_bat_jax_serve_syncs_weights_per_step_and_releases_memory(
     exported = json.loads((tmp_path / "sglang_weights" / "config.json").read_text())
     assert exported["dtype"] == "bfloat16"
 
-    server.load(model, "round0-step0")
+    server.load(model, "round_000000-step0")
     first = server.engine.generate([GenerateRequest(PROMPT, GREEDY)])[0]
-    assert first.weight_version == "round0-step0" and len(first.output_ids) == 6
+    assert first.weight_version == "round_000000-step0" and len(first.output_ids) == 6
     server.rollouts_done()  # the train step would run now, with the server's memory freed
     assert server.memory_released
 
     other = nnx.clone(model)
     params = nnx.state(other, nnx.Param)
     nnx.update(other, jax.tree.map(lambda x: -x if x.ndim >= 2 else x, params))
-    server.load(other, "round0-step1")  # resume, export, update, flush, version check
+    server.load(other, "round_000000-step1")  # resume, export, update, flush, version check
     assert not server.memory_released
     second = server.engine.generate([GenerateRequest(PROMPT, GREEDY)])[0]
-    assert second.weight_version == "round0-step1"
+    assert second.weight_version == "round_000000-step1"
     assert second.output_ids != first.output_ids
     assert np.all(np.isfinite(second.logprobs))
     pgid = server.process.pid

@@ -56,8 +56,8 @@ def test_serve_publishes_requests_atomically_and_fails_fast(server):
   watcher = threading.Thread(target=_watch_for_partial_rounds, args=(bank, stop, violations))
   watcher.start()
   try:
-    weights = ({"s_target": 0.5, "s_mix": 0.25, "e2e": 0.25},
-               {"S1": 0.0, "S2": 0.0, "S3": 0.0, "S4": 0.0, "S5": 1.0})
+    weights = rounds.RoundWeights({"s_target": 0.5, "s_mix": 0.25, "e2e": 0.25},
+                                  {"S1": 0.0, "S2": 0.0, "S3": 0.0, "S4": 0.0, "S5": 1.0})
     daemon.request_round(bank, 0, weights, target="S5")
     round_dir = daemon.wait_for_round(bank, 0, timeout=60)
     manifest = shards.verify_round(round_dir)

@@ -89,12 +89,16 @@ def test_pool_mix_sets_composition():
   assert rounds.apportion([1, 1, 1], 8) == [3, 3, 2]
 
 
-def test_weights_validation_and_coercion():
+def test_weights_validation_and_json_form():
   stage_w = {s: 0.2 for s in workflow.STAGES}
   pool = dict(rounds.REFERENCE_POOL_MIX)
-  assert rounds.RoundWeights.coerce((pool, stage_w)) == rounds.RoundWeights(pool, stage_w)
-  assert rounds.RoundWeights.coerce({"pool_mix": pool, "stage_weights": stage_w}).primary_stage \
-      == "S1"
+  w = rounds.RoundWeights.from_json({"pool_mix": pool, "stage_weights": stage_w})
+  assert w == rounds.RoundWeights(pool, stage_w) and w.primary_stage == "S1"
+  assert rounds.RoundWeights.from_json(w.to_json()) == w
+  with pytest.raises(ValueError, match="missing"):
+    rounds.RoundWeights.from_json({"pool_mix": pool})
+  with pytest.raises(TypeError, match="mapping"):
+    rounds.RoundWeights.from_json((pool, stage_w))
   with pytest.raises(ValueError, match="stage_weights"):
     rounds.RoundWeights(pool, {**stage_w, "S1": 0.5})
   with pytest.raises(ValueError, match="pool_mix"):

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 
 import jax
 
+from bat_jax.model.chat_format import ChatFormat
 from bat_jax.rollout.server import params as P
 from bat_jax.rollout.server.params import RequestError
 from bat_jax.rollout.server.scheduler import Job, Scheduler
@@ -40,7 +41,7 @@ class ServedModel:
   model_path: str
   load: Callable[[str], Any]
   tokenizer: Any = None        # transformers tokenizer, or None (then no text / chat)
-  chat_format: Any = None      # bat_jax.model.chat_format.ChatFormat, or None
+  chat_format: Optional[ChatFormat] = None
   graphdef: Any = None
   served_name: Optional[str] = None
 
