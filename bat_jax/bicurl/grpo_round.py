@@ -38,7 +38,7 @@ from bat_jax.rollout import AgentLoop, RolloutItem, Trajectory, collate, task_en
 from bat_jax.stagebank.reader import RoundReader
 from bat_jax.stagebank.rounds import derive_seed
 from bat_jax.stagebank.shards import round_dirname
-from bat_jax.model.tokenizer import ChatFormat
+from bat_jax.model.chat_format import ChatFormat
 
 log = logging.getLogger(__name__)
 

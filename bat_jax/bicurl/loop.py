@@ -45,7 +45,7 @@ from bat_jax.sft import SftConfig, pad_example, run_sft, sft_loss_fn
 from bat_jax.train import Trainer, placement, split_model
 from bat_jax.io_utils import atomic_write_json
 from bat_jax.sandbox import safe_fs
-from bat_jax.model.tokenizer import ChatFormat
+from bat_jax.model.chat_format import ChatFormat
 
 log = logging.getLogger(__name__)
 

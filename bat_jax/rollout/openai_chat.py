@@ -11,7 +11,7 @@ import json
 import uuid
 from typing import Any, Mapping, Sequence
 
-from bat_jax.model.tokenizer import ChatFormat
+from bat_jax.model.chat_format import ChatFormat
 
 
 
