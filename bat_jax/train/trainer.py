@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, Callable, Hashable, Optional, Protocol
+from typing import Any, Callable, Hashable, Mapping, Optional, Protocol
 
 import jax
 from flax import nnx
@@ -94,13 +94,19 @@ class Trainer:
     mesh, rules: the device mesh and logical-axis rules.
     cache_key: hashable identity of (graph, loss, optimizer, step options) under which compiled
       programs are shared across Trainers of the process; None: private to this Trainer.
+    compiler_options: XLA debug options for every compile (`Lowered.compile(compiler_options=)`);
+      the memory plan turns off LLVM optimisation, which leaves buffers and figures unchanged.
   """
 
   def __init__(self, graphdef: nnx.GraphDef, abstract_params: Any, rest: Any, loss_fn: LossFn,
                cfg: TrainerConfig, mesh: jax.sharding.Mesh, rules: sharding.Rules, *,
-               cache_key: Optional[Hashable] = None):
+               cache_key: Optional[Hashable] = None,
+               compiler_options: Optional[Mapping[str, Any]] = None):
     self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, tuple(rules)
-    self.cache_key = ("trainer", id(self)) if cache_key is None else cache_key
+    self.compiler_options = dict(compiler_options or {})
+    # Programs compiled with other options are other executables: never shared.
+    self.cache_key = (("trainer", id(self)) if cache_key is None else cache_key,
+                      tuple(sorted(self.compiler_options.items())))
     self.optimizer = make_optimizer(cfg.optimizer)
     self.step_fn = build_step_fn(graphdef, loss_fn, self.optimizer, cfg.step)
     abstract_params = jax.eval_shape(lambda p: p, abstract_params)
@@ -176,7 +182,7 @@ class Trainer:
       # The model's activation constraints read the mesh and rules while it is traced.
       with sharding.activation_sharding(self.mesh, self.rules):
         lowered = lower()
-      compiled = lowered.compile()
+      compiled = lowered.compile(compiler_options=self.compiler_options or None)
       _COMPILED[full_key] = (compiled, memory_report(compiled))
     compiled, report = _COMPILED[full_key]
     if name not in self.memory or self.memory[name] != report:
