@@ -8,7 +8,9 @@ allocated). From the compiled programs' memory analysis and the state's sharding
 device: params, optimizer state, reference, gradients, each program's temp and peak, the budget the
 layout (`memory.layout`, see `layout_budget`) leaves to JAX after the co-located rollout server's
 share, the rollout server's own need in its share, and `fits`. Exits 1 when something does not
-fit. `--json=PATH` writes the same numbers.
+fit. `--json=PATH` writes the same numbers. The programs compile `--compile_workers` at a time
+(default: the usable CPUs) without LLVM optimisation (`PLAN_COMPILER_OPTIONS`), which changes
+the wall time, never the bytes.
 
 Model shapes come from `model.path/config.json` when it exists, else from the published Qwen3.5
 text configs below (keyed by the checkpoint directory's name), else `model.hf_config` (scratch).
