@@ -8,7 +8,9 @@ allocated). From the compiled programs' memory analysis and the state's sharding
 device: params, optimizer state, reference, gradients, each program's temp and peak, the budget the
 layout (`memory.layout`, see `layout_budget`) leaves to JAX after the co-located rollout server's
 share, the rollout server's own need in its share, and `fits`. Exits 1 when something does not
-fit. `--json=PATH` writes the same numbers.
+fit. `--json=PATH` writes the same numbers. The programs compile `--compile_workers` at a time
+(default: the usable CPUs) without LLVM optimisation (`PLAN_COMPILER_OPTIONS`), which changes
+the wall time, never the bytes.
 
 Model shapes come from `model.path/config.json` when it exists, else from the published Qwen3.5
 text configs below (keyed by the checkpoint directory's name), else `model.hf_config` (scratch).
@@ -17,6 +19,7 @@ The CPU compile is the plan's basis; GPU fusion differs, so keep headroom (see R
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import math
@@ -24,7 +27,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -40,6 +43,7 @@ class PlanFlags:
   config: Any
   json: Any
   num_layers: Any
+  compile_workers: Any
 
 
 def define_flags() -> PlanFlags:
@@ -49,11 +53,17 @@ def define_flags() -> PlanFlags:
                                              lock_config=True),
       json=flags.DEFINE_string("json", None, "write the plan as JSON here"),
       num_layers=flags.DEFINE_integer("num_layers", None,
-                                      "plan a shallower model (measurements only)"))
+                                      "plan a shallower model (measurements only)"),
+      compile_workers=flags.DEFINE_integer("compile_workers", None,
+                                           "programs compiled at once (default: usable CPUs)"))
   flags.mark_flags_as_required(["config"])
   return held
 
 GIB = 2**30
+# The plan reads XLA's buffer assignment, which is fixed before LLVM sees the program, so LLVM's
+# optimisation of the machine code is skipped: ~35% of a compile's CPU time, the same bytes
+# (tests/test_memory_plan.py compares every program's memory analysis with and without).
+PLAN_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 # Published Qwen3.5 text configs (HF config.json `text_config`), used when the checkpoint itself
 # is not on this machine. Every 4th layer is full attention (HF's full_attention_interval).
 PUBLISHED_TEXT_CONFIGS: dict[str, dict[str, Any]] = {
@@ -139,8 +149,24 @@ def _batch(shapes: dict[str, tuple[tuple[int, ...], str]]) -> dict[str, Any]:
   return {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in shapes.items()}
 
 
-def _compile_programs(cfg, abstract, mesh, shapes: dict[str, tuple[int, int]]):
-  """AOT-compiles the SFT step, the logprob passes and the GRPO step (abstract arguments).
+def compile_concurrently(jobs: dict[str, Callable[[], Any]], workers: int) -> dict[str, float]:
+  """Runs the compile `jobs` (name -> thunk), `workers` at a time; returns each one's wall
+  seconds. Tracing holds the GIL but XLA's compile releases it, so on several cores one
+  program's compile overlaps the others' (tracing state is thread-local in JAX and nnx)."""
+
+  def timed(job):
+    start = time.monotonic()
+    job()
+    return round(time.monotonic() - start, 1)
+
+  with concurrent.futures.ThreadPoolExecutor(max_workers=max(workers, 1),
+                                             thread_name_prefix="plan-compile") as pool:
+    futures = {name: pool.submit(timed, job) for name, job in jobs.items()}
+    return {name: future.result() for name, future in futures.items()}
+
+
+def _compile_programs(cfg, abstract, mesh, shapes: dict[str, tuple[int, int]], workers: int):
+  """AOT-compiles the GRPO step, the SFT step and the logprob passes (abstract arguments).
   Returns (SFT trainer, GRPO trainer, abstract reference params, compile seconds)."""
   import jax
   from bat_jax.bicurl.grpo_round import (grpo_config, grpo_trainer, logprob_pass_config,
@@ -149,40 +175,34 @@ def _compile_programs(cfg, abstract, mesh, shapes: dict[str, tuple[int, int]]):
   from bat_jax.train import Trainer, TrainerConfig, cast_floating
 
   (b_sft, t_sft), (b_rl, t_rl) = shapes["sft"], shapes["grpo"]
-  seconds: dict[str, float] = {}
-
-  def timed(name, fn):
-    t0 = time.monotonic()
-    out = fn()
-    seconds[name] = round(time.monotonic() - t0, 1)
-    return out
-
   sft = Trainer.for_model(abstract, sft_loss_fn(chunk_size=cfg.grpo.logprob_chunk_size),
                           TrainerConfig(optimizer_config(cfg.sft, cfg.sft.steps),
                                         step_config(cfg.sft, cfg.trainer)), mesh,
-                          tuple(cfg.sharding.rules))
+                          tuple(cfg.sharding.rules), compiler_options=PLAN_COMPILER_OPTIONS)
   sft_batch = _batch({k: ((b_sft, t_sft), "int32") for k in ("input_ids", "loss_mask", "valid")})
-  timed("sft_step", lambda: sft.compiled_step(sft_batch))
-
-  grpo = grpo_trainer(cfg, abstract, mesh)
+  grpo = grpo_trainer(cfg, abstract, mesh, compiler_options=PLAN_COMPILER_OPTIONS)
   pass_cfg = logprob_pass_config(cfg)
   kl = grpo_config(cfg).kl_coef > 0
   inputs = _batch({"input_ids": ((b_rl, t_rl), "int32"), "valid": ((b_rl, t_rl), "int32")})
   params = grpo.abstract_state.params
   ref = jax.eval_shape(lambda p: cast_floating(p, cfg.trainer.reference_dtype), params)
-  timed("old_logp_pass", lambda: grpo.compiled_logprobs(params, inputs, pass_cfg, "old_logp"))
-  if kl:
-    timed("ref_logp_pass", lambda: grpo.compiled_logprobs(ref, inputs, pass_cfg, "ref_logp"))
   rl_batch = _batch({"input_ids": ((b_rl, t_rl), "int32"), "valid": ((b_rl, t_rl), "int32"),
                      "loss_mask": ((b_rl, t_rl), "float32"), "advantages": ((b_rl,), "float32"),
                      "old_logp": ((b_rl, t_rl), "float32"),
                      **({"ref_logp": ((b_rl, t_rl), "float32")} if kl else {})})
-  timed("grpo_step", lambda: grpo.compiled_step(rl_batch))
+  # Largest first, so the small passes fill in beside the two steps.
+  jobs = {"grpo_step": lambda: grpo.compiled_step(rl_batch),
+          "sft_step": lambda: sft.compiled_step(sft_batch),
+          "old_logp_pass": lambda: grpo.compiled_logprobs(params, inputs, pass_cfg, "old_logp")}
+  if kl:
+    jobs["ref_logp_pass"] = lambda: grpo.compiled_logprobs(ref, inputs, pass_cfg, "ref_logp")
+  seconds = compile_concurrently(jobs, workers)
   return sft, grpo, (ref if kl else None), seconds
 
 
-def plan(cfg, num_layers: Optional[int] = None) -> dict[str, Any]:
-  """Compiles the run's programs abstractly and returns the per-device plan (bytes)."""
+def plan(cfg, num_layers: Optional[int] = None, workers: int = 1) -> dict[str, Any]:
+  """Compiles the run's programs abstractly (`workers` compiles at a time) and returns the
+  per-device plan (bytes)."""
   import jax
   from flax import nnx
   from bat_jax.bicurl.grpo_round import run_mesh
@@ -194,8 +214,8 @@ def plan(cfg, num_layers: Optional[int] = None) -> dict[str, Any]:
   abstract = nnx.eval_shape(lambda: build_model(model_cfg, rngs=nnx.Rngs(0)))
   b_sft, t_sft = cfg.sft.global_batch_size, cfg.sft.max_seq_len
   b_rl, t_rl = cfg.grpo.prompt_groups * cfg.grpo.group_size, trajectory_len(cfg)
-  sft, grpo, ref, seconds = _compile_programs(cfg, abstract, mesh,
-                                              {"sft": (b_sft, t_sft), "grpo": (b_rl, t_rl)})
+  sft, grpo, ref, seconds = _compile_programs(
+      cfg, abstract, mesh, {"sft": (b_sft, t_sft), "grpo": (b_rl, t_rl)}, workers)
   state, shardings = grpo.abstract_state, grpo.state_shardings
   params_b = shard_bytes(state.params, shardings.params)
   opt_b = shard_bytes(state.opt_state, shardings.opt_state)
@@ -308,7 +328,8 @@ def main(argv, held: PlanFlags) -> int:
   if jax.device_count() != plan_devices(cfg):
     raise RuntimeError(f"memory_plan needs {plan_devices(cfg)} fake devices but jax has "
                        f"{jax.device_count()} (a backend was initialised before XLA_FLAGS)")
-  result = plan(cfg, held.num_layers.value)
+  workers = held.compile_workers.value or len(os.sched_getaffinity(0))
+  result = plan(cfg, held.num_layers.value, workers)
   print(format_table(result), flush=True)
   if held.json.value:
     Path(held.json.value).write_text(json.dumps(result, indent=2) + "\n")

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from bat_jax import memory_plan
+from bat_jax.train import trainer as trainer_module
 from configs import bat4b, bat9b, tiny
 
 GIB = 2**30
@@ -44,6 +45,20 @@ def test_plan_counts_state_bytes_and_compiles_every_program(tiny_plan):
   assert result["config"]["grpo_batch"] == [2, 256] and result["config"]["sft_batch"] == [2, 128]
   assert result["fits"] is True
   json.dumps(result)  # the --json output is plain JSON
+
+
+def test_concurrent_compiles_without_llvm_optimisation_give_the_same_figures(tiny_plan,
+                                                                             monkeypatch):
+  # tiny_plan compiled one program at a time with the plan's options (no LLVM optimisation);
+  # here all at once with the trainer's default options, from an empty program cache.
+  monkeypatch.setattr(trainer_module, "_COMPILED", {})
+  monkeypatch.setattr(memory_plan, "PLAN_COMPILER_OPTIONS", {})
+  _, sequential = tiny_plan
+  concurrent = memory_plan.plan(small_tiny(), workers=4)
+  assert len(trainer_module._COMPILED) == 4   # every program compiled again, none shared
+  assert concurrent["per_device"] == sequential["per_device"]
+  assert concurrent["budget"] == sequential["budget"] and concurrent["fits"]
+  assert set(concurrent["compile_seconds"]) == set(sequential["per_device"]["phases"])
 
 
 def test_layouts_budget_the_rollout_share(tiny_plan):

@@ -282,8 +282,9 @@ class GrpoRound:
 
 
 def grpo_trainer(cfg: RunConfig, model: nnx.Module, mesh: jax.sharding.Mesh,
-                 round_index: int = 0) -> Trainer:
-  """The GRPO `Trainer` of a round (fresh optimizer; compiled programs shared across rounds)."""
+                 round_index: int = 0, **kw) -> Trainer:
+  """The GRPO `Trainer` of a round (fresh optimizer; compiled programs shared across rounds);
+  `kw` goes to `Trainer` (e.g. `compiler_options`)."""
   loss_cfg = grpo_config(cfg)
   optimizer_cfg = optimizer_config(cfg.grpo, cfg.grpo.steps_per_round)
   step_cfg = step_config(cfg.grpo, cfg.trainer)
@@ -294,4 +295,5 @@ def grpo_trainer(cfg: RunConfig, model: nnx.Module, mesh: jax.sharding.Mesh,
   rules = tuple(cfg.sharding.rules)
   graphdef = split_model(model)[0]
   return Trainer.for_model(model, grpo_loss_fn(loss_cfg), trainer_cfg, mesh, rules,
-                           cache_key=(graphdef, loss_cfg, optimizer_cfg, step_cfg, mesh, rules))
+                           cache_key=(graphdef, loss_cfg, optimizer_cfg, step_cfg, mesh, rules),
+                           **kw)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, Callable, Hashable, Optional, Protocol
+from typing import Any, Callable, Hashable, Mapping, Optional, Protocol
 
 import jax
 from flax import nnx
@@ -94,13 +94,19 @@ class Trainer:
     mesh, rules: the device mesh and logical-axis rules.
     cache_key: hashable identity of (graph, loss, optimizer, step options) under which compiled
       programs are shared across Trainers of the process; None: private to this Trainer.
+    compiler_options: XLA debug options for every compile (`Lowered.compile(compiler_options=)`);
+      the memory plan turns off LLVM optimisation, which leaves buffers and figures unchanged.
   """
 
   def __init__(self, graphdef: nnx.GraphDef, abstract_params: Any, rest: Any, loss_fn: LossFn,
                cfg: TrainerConfig, mesh: jax.sharding.Mesh, rules: sharding.Rules, *,
-               cache_key: Optional[Hashable] = None):
+               cache_key: Optional[Hashable] = None,
+               compiler_options: Optional[Mapping[str, Any]] = None):
     self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, tuple(rules)
-    self.cache_key = ("trainer", id(self)) if cache_key is None else cache_key
+    self.compiler_options = dict(compiler_options or {})
+    # Programs compiled with other options are other executables: never shared.
+    self.cache_key = (("trainer", id(self)) if cache_key is None else cache_key,
+                      tuple(sorted(self.compiler_options.items())))
     self.optimizer = make_optimizer(cfg.optimizer)
     self.step_fn = build_step_fn(graphdef, loss_fn, self.optimizer, cfg.step)
     abstract_params = jax.eval_shape(lambda p: p, abstract_params)
@@ -173,10 +179,7 @@ class Trainer:
   def _compile(self, name: str, key: tuple, lower: Callable[[], Any]):
     full_key = (self.cache_key, name, key)
     if full_key not in _COMPILED:
-      # The model's activation constraints read the mesh and rules while it is traced.
-      with sharding.activation_sharding(self.mesh, self.rules):
-        lowered = lower()
-      compiled = lowered.compile()
+      compiled = lower().compile(compiler_options=self.compiler_options or None)
       _COMPILED[full_key] = (compiled, memory_report(compiled))
     compiled, report = _COMPILED[full_key]
     if name not in self.memory or self.memory[name] != report:
@@ -187,14 +190,19 @@ class Trainer:
   def batch_shardings(self, batch: Batch) -> dict[str, Any]:
     return {k: sharding.batch_sharding(self.mesh, len(v.shape)) for k, v in batch.items()}
 
-  def compiled_step(self, batch: Batch):
-    """The AOT-compiled, donated step for this batch's shapes (compiled once per shape)."""
+  def lower_step(self, batch: Batch) -> jax.stages.Lowered:
+    """The donated step traced and lowered for this batch's shapes (not compiled)."""
     in_shardings = (self.state_shardings, self.batch_shardings(batch), self.frozen_shardings)
     jitted = jax.jit(self.step_fn, in_shardings=in_shardings,
                      out_shardings=(self.state_shardings, self.replicated), donate_argnums=0)
+    # The model's activation constraints read the mesh and rules while it is traced.
+    with sharding.activation_sharding(self.mesh, self.rules):
+      return jitted.lower(self.abstract_state, batch, self.frozen)
+
+  def compiled_step(self, batch: Batch):
+    """The AOT-compiled, donated step for this batch's shapes (compiled once per shape)."""
     name = f"step{tuple(batch['input_ids'].shape)}"
-    return self._compile(name, _shape_key(batch),
-                         lambda: jitted.lower(self.abstract_state, batch, self.frozen))
+    return self._compile(name, _shape_key(batch), lambda: self.lower_step(batch))
 
   def compiled_logprobs(self, params: Any, inputs: Batch, cfg: LogprobPassConfig, name: str):
     """The AOT-compiled logprob pass for these params' dtypes and the inputs' shapes."""
@@ -203,9 +211,13 @@ class Trainer:
     jitted = jax.jit(build_logprob_fn(self.graphdef, cfg), in_shardings=in_shardings,
                      out_shardings=sharding.batch_sharding(self.mesh, 2))
     abstract = jax.eval_shape(lambda p: p, params)
+
+    def lower():
+      with sharding.activation_sharding(self.mesh, self.rules):
+        return jitted.lower(abstract, self.rest, inputs)
+
     return self._compile(f"{name}{tuple(inputs['input_ids'].shape)}",
-                         (cfg, _shape_key(abstract), _shape_key(inputs)),
-                         lambda: jitted.lower(abstract, self.rest, inputs))
+                         (cfg, _shape_key(abstract), _shape_key(inputs)), lower)
 
   def logprobs(self, params: Any, batch: Batch, cfg: LogprobPassConfig,
                name: str = "logprobs") -> jax.Array:
