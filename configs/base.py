@@ -175,6 +175,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.grpo.max_grad_norm = 1.0             # not in the release
   c.grpo.micro_batches = 4
   c.grpo.logprob_chunk_size = 512        # sequence chunk of the taken-token logprob scan
+  c.grpo.logprob_save_probs = False      # True keeps B*T*V fp32 softmax (small vocab only)
   c.grpo.remat = "full"
   c.grpo.checkpoint = ml_collections.ConfigDict({"every": 5, "keep": 3})
 
