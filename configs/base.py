@@ -202,6 +202,7 @@ def grpo_config() -> ml_collections.ConfigDict:
   s.max_grad_norm = 1.0             # not in the release
   s.micro_batches = 4
   s.logprob_chunk_size = 512        # sequence chunk of the taken-token logprob scan
+  s.logprob_save_probs = False      # True keeps B*T*V fp32 softmax (small vocab only)
   s.remat = "full"
   s.checkpoint = ml_collections.ConfigDict({"every": 5, "keep": 3})
   return s

@@ -65,7 +65,8 @@ def grpo_config(cfg: RunConfig) -> GrpoConfig:
                     clip_low=g.clip_low, clip_high=g.clip_high, dual_clip=g.dual_clip,
                     kl_coef=g.kl_coef, kl_estimator=g.kl_estimator, loss_agg=g.loss_agg,
                     tis_cap=g.tis_cap, temperature=cfg.rollout.sampling.temperature,
-                    logprob_chunk_size=g.logprob_chunk_size)
+                    logprob_chunk_size=g.logprob_chunk_size,
+                    logprob_save_probs=g.logprob_save_probs)
 
 
 def bucket_length(longest: int, cap: int) -> int:

@@ -1,10 +1,10 @@
 """Taken-token logprobs without materialising the `[B, T, V]` float32 logits.
 
 The final hidden states are cut into sequence chunks and a `lax.scan` computes, per chunk, the
-`[B, C, V]` logits, their logsumexp and the taken token's logit. Each chunk body is rematerialised
-(`jax.checkpoint`), so the backward pass keeps only the `[B, C, D]` hidden chunk, not the logits:
-peak memory is O(B * C * V) instead of O(B * T * V) (Qwen3.5's V is ~248k).
-"""
+`[B, C, V]` logits, their logsumexp and the taken token's logit. The backward is written by hand
+(`_head_logprobs`): per chunk it recomputes the logits from the saved `[B, C, D]` hidden chunk and
+`[B, C]` logsumexp, so peak memory is O(B * C * V) instead of O(B * T * V) (Qwen3.5's V is
+~248k); for small vocabularies it can keep the softmax instead and skip that matmul."""
 
 from __future__ import annotations
 
@@ -25,11 +25,67 @@ def _check_shapes(hidden: Array, kernel: Array, targets: Array, chunk_size: int)
     raise ValueError(f"kernel {kernel.shape} must be [D={hidden.shape[-1]}, V]")
   if chunk_size <= 0:
     raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+def _chunk_logits(h: Array, kernel: Array, temperature: float) -> Array:
+  """`[B, C, V]` fp32 logits / temperature of one hidden chunk `[B, C, D]`."""
+  # Rank-2 matmul (see `Linear`): [B*C, D] @ [D, V], batch-major so batch sharding carries.
+  logits = jnp.dot(h.reshape(-1, h.shape[-1]), kernel, preferred_element_type=jnp.float32)
+  return logits.reshape(*h.shape[:-1], kernel.shape[-1]) / temperature
+
+
+def _head_logprobs(temperature: float, with_entropy: bool, save_probs: bool):
+  """`(h_chunks [N, B, C, D], t_chunks [N, B, C], kernel [D, V]) -> (logp, entropy)` per chunk
+  (each `[N, B, C]` fp32), with a hand-written VJP.
+
+  The gradient of a taken-token logprob w.r.t. the logits is `(onehot - softmax) / temperature`,
+  so the backward needs only each chunk's softmax. `save_probs=False` keeps the `[B, C]`
+  logsumexp per chunk and recomputes the logits matmul (memory O(B * C * V) at any length: the
+  9B shapes); `save_probs=True` keeps every chunk's `[B, C, V]` softmax instead (O(B * T * V),
+  for small vocabularies) and skips that matmul. Either way no one-hot or gather is
+  differentiated and the entropy carries no gradient.
+  """
+
+  def forward(h_chunks, t_chunks, kernel):
+    def body(_, xs):
+      h, t = xs
+      logits = _chunk_logits(h, kernel, temperature)
+      lse = jax.nn.logsumexp(logits, axis=-1)                                    # [B, C]
+      taken = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]          # [B, C]
+      ent = jnp.zeros_like(lse)
+      if with_entropy:
+        ent = lse - (jax.nn.softmax(logits, axis=-1) * logits).sum(-1)
+      saved = jnp.exp(logits - lse[..., None]) if save_probs else lse
+      return None, (taken - lse, ent, saved)
+
+    _, (logp, ent, saved) = jax.lax.scan(body, None, (h_chunks, t_chunks))
+    return (logp, ent), (h_chunks, t_chunks, kernel, saved)
+
+  def backward(residuals, cotangents):
+    h_chunks, t_chunks, kernel, saved = residuals
+    d_logp = cotangents[0]  # the entropy's cotangent is dropped: it carries no gradient
+
+    def body(d_kernel, xs):
+      h, t, g, s = xs
+      probs = s if save_probs else jnp.exp(_chunk_logits(h, kernel, temperature) - s[..., None])
+      hit = jax.lax.broadcasted_iota(jnp.int32, probs.shape, 2) == t[..., None]
+      d_logits = ((hit.astype(jnp.float32) - probs) * (g / temperature)[..., None])
+      d_logits = d_logits.reshape(-1, probs.shape[-1]).astype(kernel.dtype)     # [B*C, V]
+      d_h = jnp.dot(d_logits, kernel.T, preferred_element_type=jnp.float32)
+      d_kernel = d_kernel + jnp.dot(h.reshape(-1, h.shape[-1]).T, d_logits,
+                                    preferred_element_type=jnp.float32)
+      return d_kernel, d_h.reshape(h.shape).astype(h.dtype)
+
+    zeros = jnp.zeros(kernel.shape, jnp.float32)
+    d_kernel, d_h = jax.lax.scan(body, zeros, (h_chunks, t_chunks, d_logp, saved))
+    return d_h, None, d_kernel.astype(kernel.dtype)
+
+  head = jax.custom_vjp(lambda h, t, k: forward(h, t, k)[0])
+  head.defvjp(forward, backward)
+  return head
 
 
 def chunked_logprobs(hidden: Array, kernel: Array, targets: Array, *, chunk_size: int = 512,
-                     temperature: float = 1.0,
-                     with_entropy: bool = False) -> tuple[Array, Optional[Array]]:
+                     temperature: float = 1.0, with_entropy: bool = False,
+                     save_probs: bool = False) -> tuple[Array, Optional[Array]]:
   """Logprob of `targets` under `softmax(hidden @ kernel / temperature)`, chunked over T.
 
   Args:
@@ -41,6 +97,8 @@ def chunked_logprobs(hidden: Array, kernel: Array, targets: Array, *, chunk_size
     chunk_size: sequence positions per chunk (T is padded up to a multiple).
     temperature: sampling temperature the rollouts used (logits are divided by it).
     with_entropy: also return the per-token entropy (no gradient flows through it).
+    save_probs: keep each chunk's softmax for the backward instead of recomputing the logits
+      matmul (`B * T * V * 4` bytes; see `_head_logprobs`).
 
   Returns:
     `(logp [B, T] float32, entropy [B, T] float32 or None)`.
@@ -58,31 +116,10 @@ def chunked_logprobs(hidden: Array, kernel: Array, targets: Array, *, chunk_size
   h_chunks = hidden.reshape(batch, n_chunks, chunk, dim).swapaxes(0, 1)
   t_chunks = targets.reshape(batch, n_chunks, chunk).swapaxes(0, 1)
   h_chunks = sharding.constrain(h_chunks, (None, *sharding.ACTIVATION_AXES))
-
-  @jax.checkpoint
-  def one_chunk(h: Array, t: Array) -> tuple[Array, Array]:
-    # Rank-2 matmul (see `Linear`): [B*C, D] @ [D, V], batch-major so batch sharding carries.
-    logits = jnp.dot(h.reshape(-1, h.shape[-1]), kernel, preferred_element_type=jnp.float32)
-    logits = logits.reshape(*h.shape[:-1], kernel.shape[-1])
-    logits = logits / temperature
-    lse = jax.nn.logsumexp(logits, axis=-1)                            # [B, C]
-    # A one-hot select, not take_along_axis: its gradient is a select too, where a gather's is
-    # a scatter (serial on CPU). Exact: one logit plus zeros.
-    hit = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2) == t[..., None]
-    taken = jnp.sum(jnp.where(hit, logits, 0.0), axis=-1)                # [B, C]
-    if with_entropy:
-      probs = jax.nn.softmax(jax.lax.stop_gradient(logits), axis=-1)
-      ent = jax.lax.stop_gradient(lse) - (probs * jax.lax.stop_gradient(logits)).sum(-1)
-    else:
-      ent = jnp.zeros_like(lse)
-    return taken - lse, ent
-
-  def body(carry, xs):
-    return carry, one_chunk(*xs)
-
-  _, (logp, ent) = jax.lax.scan(body, None, (h_chunks, t_chunks))
+  head = _head_logprobs(temperature, with_entropy, save_probs)
+  logp, ent = head(h_chunks, t_chunks.astype(jnp.int32), kernel)
   logp = logp.swapaxes(0, 1).reshape(batch, n_chunks * chunk)[:, :length]
-  ent = ent.swapaxes(0, 1).reshape(batch, n_chunks * chunk)[:, :length]
+  ent = jax.lax.stop_gradient(ent).swapaxes(0, 1).reshape(batch, n_chunks * chunk)[:, :length]
   return logp, (ent if with_entropy else None)
 
 
@@ -94,7 +131,7 @@ def shift_to_positions(values: Array) -> Array:
 def taken_token_logprobs(model, input_ids: Array, *, valid: Array,
                          positions: Optional[Array] = None, chunk_size: int = 512,
                          temperature: float = 1.0, with_entropy: bool = False,
-                         remat_policy: Optional[Callable[..., bool]] = None
+                         save_probs: bool = False, remat_policy: Optional[Callable[..., bool]] = None
                          ) -> tuple[Array, Optional[Array]]:
   """Per-position logprob of each token given its prefix, through `model.hidden_states`.
 
@@ -106,9 +143,7 @@ def taken_token_logprobs(model, input_ids: Array, *, valid: Array,
       padding). Required: unmasked padding would enter the DeltaNet state and attention as
       tokens. Padding never influences a real position, and its outputs are exactly 0.
     positions: optional `[B, T]` positions.
-    valid: optional `[B, T]` right-padding mask (1 = real token); pad positions never reach
-      real ones.
-    chunk_size, temperature, with_entropy: see `chunked_logprobs`.
+    chunk_size, temperature, with_entropy, save_probs: see `chunked_logprobs`.
     remat_policy: per-layer rematerialisation policy for the model's forward (training).
 
   Returns:
@@ -124,7 +159,7 @@ def taken_token_logprobs(model, input_ids: Array, *, valid: Array,
   hidden = model.hidden_states(input_ids, positions=positions, valid=valid, **kw)
   logp, ent = chunked_logprobs(hidden[:, :-1], model.unembed_kernel(), input_ids[:, 1:],
                                chunk_size=chunk_size, temperature=temperature,
-                               with_entropy=with_entropy)
+                               with_entropy=with_entropy, save_probs=save_probs)
   # `where`, not a product: a non-finite value at a pad position must not survive as 0 * NaN.
   scored = valid[:, 1:]
   logp = shift_to_positions(jnp.where(scored, logp, 0.0))

@@ -30,6 +30,9 @@ class GrpoConfig:
       `policy_loss_terms`.
     temperature: the sampling temperature of the rollouts (logits are divided by it).
     logprob_chunk_size: sequence chunk of the taken-token logprob scan.
+    logprob_save_probs: keep every chunk's [B, C, V] softmax for the backward instead of
+      recomputing the logits matmul (B * T * V * 4 bytes per micro-batch: small vocabularies
+      only; the 9B configs recompute).
     compute_entropy: report the mean policy entropy (one extra pass over each logits chunk).
   """
   advantage_mode: str = "grpo"
@@ -44,6 +47,7 @@ class GrpoConfig:
   norm_length: Optional[float] = None
   temperature: float = 1.0
   logprob_chunk_size: int = 512
+  logprob_save_probs: bool = False
   compute_entropy: bool = False
 
   def __post_init__(self):
@@ -82,7 +86,8 @@ def grpo_loss_fn(cfg: GrpoConfig) -> LossFn:
     logp, entropy = taken_token_logprobs(
         model, batch["input_ids"], valid=batch["valid"], positions=batch.get("positions"),
         chunk_size=cfg.logprob_chunk_size, temperature=cfg.temperature,
-        with_entropy=cfg.compute_entropy, remat_policy=remat_policy)
+        with_entropy=cfg.compute_entropy, save_probs=cfg.logprob_save_probs,
+        remat_policy=remat_policy)
     ref_logp = None
     if cfg.kl_coef > 0:
       ref_logp = batch.get("ref_logp")

@@ -72,7 +72,8 @@ def _jax_step(hf_dict: dict, args, out_dir: str):
   graphdef, params, rest = train.split_model(model)
   optimizer = train.make_optimizer(train.OptimizerConfig(learning_rate=LR, max_grad_norm=1.0))
   loss_cfg = grpo.GrpoConfig(clip_low=CLIP, clip_high=CLIP, kl_coef=KL_COEF,
-                             temperature=TEMPERATURE, logprob_chunk_size=args.chunk)
+                             temperature=TEMPERATURE, logprob_chunk_size=args.chunk,
+                             logprob_save_probs=args.save_probs)
   step_fn = train.build_step_fn(graphdef, grpo.grpo_loss_fn(loss_cfg), optimizer,
                                train.StepConfig(num_micro_batches=args.micro))
   batch = jax.device_put(grpo_batch(args.batch, args.seq, hf_dict["vocab_size"]))
@@ -280,6 +281,9 @@ def main() -> None:
   parser.add_argument("--seq", type=int, default=256)
   parser.add_argument("--micro", type=int, default=1)
   parser.add_argument("--chunk", type=int, default=128)
+  parser.add_argument("--save_probs", action=argparse.BooleanOptionalAction, default=True,
+                      help="compare mode: keep the [B, T, V] softmax for the backward (the "
+                           "tiny config's choice; the 9B configs recompute the logits)")
   parser.add_argument("--remat", default="full")
   parser.add_argument("--iters", type=int, default=3)
   parser.add_argument("--repeats", type=int, default=3, help="alternating timing rounds")

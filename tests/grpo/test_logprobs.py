@@ -74,20 +74,37 @@ def test_padding_never_reaches_real_tokens_even_when_non_finite():
     assert np.isfinite(np.asarray(g)).all(), path
 
 
-def test_chunked_logprobs_gradient_matches_full():
+@pytest.mark.parametrize("save_probs", [False, True])
+def test_chunked_logprobs_gradient_matches_full(save_probs):
   rng = np.random.default_rng(0)
   hidden = jnp.asarray(rng.normal(size=(2, 7, 5)), jnp.float32)
   kernel = jnp.asarray(rng.normal(size=(5, 13)), jnp.float32)
   targets = jnp.asarray(rng.integers(0, 13, (2, 7)))
+  weights = jnp.asarray(rng.normal(size=(2, 7)), jnp.float32)  # a cotangent that is not all ones
 
   def full(h, w):
-    lp = jax.nn.log_softmax(h @ w, axis=-1)
-    return jnp.take_along_axis(lp, targets[..., None], axis=-1).sum()
+    lp = jax.nn.log_softmax(h @ w / 0.7, axis=-1)
+    return (jnp.take_along_axis(lp, targets[..., None], axis=-1)[..., 0] * weights).sum()
 
-  chunked = lambda h, w: chunked_logprobs(h, w, targets, chunk_size=3)[0].sum()
+  def chunked(h, w):
+    logp, ent = chunked_logprobs(h, w, targets, chunk_size=3, temperature=0.7,
+                                 with_entropy=True, save_probs=save_probs)
+    return (logp * weights).sum() + 0 * ent.sum()  # the entropy carries no gradient
+
   for got, want in zip(jax.grad(chunked, (0, 1))(hidden, kernel),
                        jax.grad(full, (0, 1))(hidden, kernel)):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("save_probs, dots", [(False, 4), (True, 3)])
+def test_saved_probs_skip_the_logits_recompute(save_probs, dots):
+  # Forward: one logits matmul per chunk. Backward: d_hidden and d_kernel, plus the recomputed
+  # logits unless the softmax was kept.
+  hidden, kernel = jnp.zeros((2, 8, 4)), jnp.zeros((4, 16))
+  targets = jnp.zeros((2, 8), jnp.int32)
+  loss = lambda h, w: chunked_logprobs(h, w, targets, chunk_size=4, save_probs=save_probs)[0].sum()
+  jaxpr = str(jax.make_jaxpr(jax.grad(loss, (0, 1)))(hidden, kernel))
+  assert jaxpr.count("dot_general[") == dots, jaxpr
 
 
 def test_no_full_logits_in_the_backward_pass():
