@@ -53,32 +53,39 @@ def tiny_qwen3_5_text(
 
 SFT_STEPS = 400
 
-# `smoke`: every phase shrunk to a handful of steps, for the end-to-end test.
+# `smoke`: every phase shrunk to a handful of steps, for the end-to-end test (which runs exactly
+# this) and a by-hand check of the whole loop in minutes. Two layers (one DeltaNet, one
+# attention) keep compile time down; a 2k vocab keeps its rows (~750 tokens with a 2k vocab,
+# ~1.5k with 512) under the short SFT / rollout lengths, so no row is dropped for length.
 SMOKE_OVERRIDES = {
-    "tokenizer.train.vocab_size": 512,      # the model's vocab follows (a FieldReference)
-    "tokenizer.train.corpus_tasks": 21,
-    "sft.steps": 4,
-    "sft.num_examples": 32,
+    "tokenizer.train.vocab_size": 2048,     # the model's vocab follows (a FieldReference)
+    "tokenizer.train.corpus_tasks": 7,
+    "model.hf_config.hidden_size": 32,
+    "model.hf_config.intermediate_size": 64,
+    "model.hf_config.num_hidden_layers": 2,
+    "model.hf_config.layer_types": ("linear_attention", "full_attention"),
+    "sft.steps": 2,
+    "sft.global_batch_size": 2,
+    "sft.num_examples": 8,
     "sft.first_action_tasks": 1,
-    "model.hf_config.hidden_size": 64,
-    "model.hf_config.intermediate_size": 128,
-    "sft.max_validation_examples": 4,
-    "sft.checkpoint.every": 2,
+    "sft.max_seq_len": 1024,
+    "sft.max_validation_examples": 1,
+    "sft.checkpoint.every": 1,
     "grpo.rounds": 2,
     "grpo.steps_per_round": 2,
     "grpo.prompt_groups": 2,
     "grpo.group_size": 2,
     "grpo.checkpoint.every": 1,
-    "rollout.limits.max_turn_tokens": 32,
-    "rollout.limits.max_assistant_turns": 3,
-    "rollout.limits.max_tool_calls": 2,
-    "rollout.limits.max_response_tokens": 96,
-    "rollout.limits.max_context_tokens": 3072,
+    "rollout.limits.max_turn_tokens": 8,
+    "rollout.limits.max_assistant_turns": 2,
+    "rollout.limits.max_tool_calls": 1,
+    "rollout.limits.max_response_tokens": 16,
+    "rollout.limits.max_context_tokens": 1024,
     "rollout.max_concurrent_trajectories": 4,
-    "rollout.jax.batch_size": 4,
-    "rollout.jax.max_len": 3072,
-    "stagebank.n_batches": 2,
-    "evaluator.workers": 1,
+    "rollout.jax.batch_size": 8,
+    "rollout.jax.max_len": 1024,
+    "stagebank.n_batches": 1,
+    "evaluator.workers": 7,
     "evaluator.cells_per_track": 1,
 }
 
