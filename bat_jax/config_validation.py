@@ -278,7 +278,7 @@ def _check_services(ck: _Checker) -> None:
             and v > 0, "a finite number > 0")
   ck.builds("sandbox", SandboxLimits)
   ck.one_of("stagebank.mode", STAGEBANK_MODES)
-  ck.positive("stagebank.n_batches", "stagebank.request_timeout_s")
+  ck.positive("stagebank.n_batches", "stagebank.request_timeout_s", "stagebank.workers")
   if ck.get("stagebank.mode") == "connect" and not ck.get("stagebank.dir"):
     ck.fail("stagebank.dir", "mode 'connect' needs the running Stage Bank's directory")
   ck.one_of("evaluator.kind", EVALUATOR_KINDS)

@@ -234,6 +234,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.stagebank = ml_collections.ConfigDict()
   c.stagebank.n_batches = 378
   c.stagebank.seed = 0
+  # Tasks synthesised at once (threads) for the cold-start SFT rows: a task's time is mostly
+  # sandbox start-up and waits, so this beats the core count.
+  c.stagebank.workers = 4
   c.stagebank.mode = "spawn"             # spawn `python -m bat_jax.stagebank serve` | connect
   c.stagebank.dir = config_dict.placeholder(str)  # None: WORKDIR/stagebank
   c.stagebank.request_timeout_s = 3600.0

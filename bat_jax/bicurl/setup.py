@@ -135,7 +135,8 @@ def prepare_sft_rows(cfg: ml_collections.ConfigDict, out_dir: Path, markers_path
                           first_action_tasks=cfg.sft.first_action_tasks)
   checker = leakcheck.LeakChecker(load_matcher(markers_path))
   return sft_rows.build_sft_set(out_dir, spec, checker,
-                                sandbox_limits=SandboxLimits(**cfg.sandbox.to_dict()))
+                                sandbox_limits=SandboxLimits(**cfg.sandbox.to_dict()),
+                                workers=cfg.stagebank.workers)
 
 
 def sft_examples(cfg: ml_collections.ConfigDict, rows_dir: Path,
