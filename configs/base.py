@@ -129,6 +129,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.global_batch_size = 32
   c.sft.micro_batches = 4                # gradient accumulation steps
   c.sft.max_seq_len = 8192
+  # Shorter padded lengths: each batch is drawn from one length bucket (bat_jax.sft.sft_dataset)
+  # instead of padding every row to the longest; one compiled step per bucket.
+  c.sft.bucket_lengths = ()
   c.sft.lr = 2e-5
   c.sft.warmup_steps = 0                 # not in the release
   c.sft.schedule = "constant"            # not in the release

@@ -111,6 +111,9 @@ def _sft(c: ml_collections.ConfigDict) -> None:
   c.sft.global_batch_size = 8
   c.sft.micro_batches = 1
   c.sft.max_seq_len = 640
+  # Rows are 411-607 tokens, 65% <= 448 and 93% <= 512: batches drawn per length bucket are
+  # padded to ~480 tokens on average instead of 640 (two more step compiles, ~35 CPU s each).
+  c.sft.bucket_lengths = (448, 512)
   c.sft.lr = 3e-3                  # a from-scratch model, not a fine-tune
   c.sft.warmup_steps = 20
   c.sft.schedule = "cosine"
