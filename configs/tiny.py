@@ -7,10 +7,11 @@ Everything stays on one host, on CPU: the in-process JAX rollout engine, a spawn
 the built-in evaluator. Sizes are chosen so the whole run (SFT, evaluations, rounds) fits about
 15 minutes on 2 otherwise idle CPU cores (an estimate from CPU seconds, experiments/README.md;
 not yet timed alone); `smoke` shrinks every phase to a few steps (a 2-layer, 32-wide model; 4
-min on a loaded box), and the end-to-end test runs exactly it. The recipe's *structure* (4/2/2 pool mix, gate thresholds, argmin curriculum, GRPO
-loss settings) is the reference's; only the scale shrinks. What makes the world learnable at
-this scale (experiments/README.md, "What made it learnable"): the `stage_tools` action space, a
-compact tool preamble, 128-wide layers and first-action SFT rows over many distinct tasks.
+min on a loaded box), and the end-to-end test runs exactly it. The recipe's *structure* (4/2/2
+pool mix, gate thresholds, argmin curriculum, GRPO loss settings) is the reference's; only the
+scale shrinks. What makes the world learnable at this scale (experiments/README.md, "What made
+it learnable"): the `stage_tools` action space, a compact tool preamble, 128-wide layers and
+first-action SFT rows over many distinct tasks.
 """
 
 from __future__ import annotations

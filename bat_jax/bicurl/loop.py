@@ -122,12 +122,13 @@ def _cold_start(cfg: ml_collections.ConfigDict, paths: RunPaths, chat: Any,
   model, make_params = _initial_policy(cfg, mesh)
   sft_cfg = SftConfig(
       num_steps=cfg.sft.steps, batch_size=cfg.sft.global_batch_size, max_len=max_len,
-      bucket_lengths=tuple(cfg.sft.bucket_lengths), seed=cfg.seed, checkpoint_every=cfg.sft.checkpoint.every,
-      keep_checkpoints=cfg.sft.checkpoint.keep, logprob_chunk_size=cfg.grpo.logprob_chunk_size,
+      bucket_lengths=tuple(cfg.sft.bucket_lengths), seed=cfg.seed,
+      checkpoint_every=cfg.sft.checkpoint.every, keep_checkpoints=cfg.sft.checkpoint.keep,
+      logprob_chunk_size=cfg.grpo.logprob_chunk_size,
       pad_id=chat.endoftext_id, optimizer=optimizer_config(cfg.sft, cfg.sft.steps),
       step=step_config(cfg.sft, cfg.trainer))
-  log.info("SFT: %d train / %d validation examples, padded to %d tokens", len(train),
-           len(validation), max_len)
+  log.info("SFT: %d train / %d validation examples, padded to %d tokens (buckets %s)",
+           len(train), len(validation), max_len, tuple(cfg.sft.bucket_lengths))
   bar = tracker.bar(cfg.sft.steps, "cold-start SFT")
 
   def on_step(step: int, metrics: dict[str, Any]) -> None:

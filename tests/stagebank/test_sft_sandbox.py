@@ -1,6 +1,5 @@
 """SFT rows end to end: real expert actions executed in the bubblewrap sandbox, then published."""
 
-import pytest
 
 from bat_jax import markers
 from bat_jax import workflow
