@@ -1,6 +1,5 @@
 """SFT rows end to end: real expert actions executed in the bubblewrap sandbox, then published."""
 
-
 from bat_jax import markers
 from bat_jax import workflow
 from bat_jax.stagebank import grid
