@@ -178,6 +178,8 @@ def _check_training(ck: _Checker) -> None:
           ">= 0 and below memory.device_gib")
   ck.positive("sft.steps", "sft.global_batch_size", "sft.max_seq_len", "sft.num_examples")
   ck.that("sft.first_action_tasks", lambda v: isinstance(v, int) and v >= 0, "an int >= 0")
+  ck.that("sft.bucket_lengths", lambda v: all(isinstance(b, int) and b > 0 for b in v),
+          "a tuple of ints > 0")
   ck.fraction("sft.validation_fraction")
   ck.divides("sft.global_batch_size", "sft.micro_batches")
 
@@ -267,7 +269,7 @@ def _check_services(ck: _Checker) -> None:
     ck.that(f"sandbox.{f.name}", lambda v: isinstance(v, (int, float)) and math.isfinite(v)
             and v > 0, "a finite number > 0")
   ck.one_of("stagebank.mode", STAGEBANK_MODES)
-  ck.positive("stagebank.n_batches", "stagebank.request_timeout_s")
+  ck.positive("stagebank.n_batches", "stagebank.request_timeout_s", "stagebank.workers")
   if ck.get("stagebank.mode") == "connect" and not ck.get("stagebank.dir"):
     ck.fail("stagebank.dir", "mode 'connect' needs the running Stage Bank's directory")
   ck.one_of("evaluator.kind", EVALUATOR_KINDS)

@@ -84,20 +84,52 @@ def drop_too_long(examples: Sequence[Example], max_len: int) -> tuple[list[Examp
   return kept, dropped
 
 
-def sft_dataset(examples: Sequence[Example], *, batch_size: int, max_len: int, seed: int,
-                pad_id: int = 0) -> grain.MapDataset:
-  """Shuffled, endlessly repeated, padded `[batch_size, max_len]` batches (a grain MapDataset).
+def length_groups(lengths: Sequence[int], bucket_lengths: Sequence[int], max_len: int,
+                  batch_size: int) -> list[tuple[int, list[int]]]:
+  """`[(padded length, example indices)]`: each example in the shortest bucket that holds it.
 
-  Its iterator's `get_state()` / `set_state()` give the exact data position for resume.
+  Buckets are `bucket_lengths` below `max_len`, then `max_len`. A bucket with fewer than
+  `batch_size` examples joins the next longer one (the longest joins the one before it), so
+  every group fills a batch; each group is one compiled step shape.
+  """
+  edges = sorted({b for b in bucket_lengths if b < max_len}) + [max_len]
+  groups: list[tuple[int, list[int]]] = [(e, []) for e in edges]
+  for i, n in enumerate(lengths):
+    if n > max_len:
+      raise ValueError(f"SFT example {i} has {n} tokens > max_len={max_len}; filter it first")
+    next(g for e, g in groups if n <= e).append(i)
+  merged: list[tuple[int, list[int]]] = []
+  for edge, members in groups:
+    carry = merged.pop()[1] if merged and len(merged[-1][1]) < batch_size else []
+    merged.append((edge, carry + members))
+  while len(merged) > 1 and len(merged[-1][1]) < batch_size:
+    edge, members = merged.pop()
+    merged[-1] = (edge, merged[-1][1] + members)
+  return [(e, sorted(m)) for e, m in merged if m]
+
+
+def sft_dataset(examples: Sequence[Example], *, batch_size: int, max_len: int, seed: int,
+                pad_id: int = 0, bucket_lengths: Sequence[int] = ()) -> grain.MapDataset:
+  """Shuffled, endlessly repeated, padded `[batch_size, L]` batches (a grain MapDataset).
+
+  `L` is `max_len`, or with `bucket_lengths` the bucket of the batch (`length_groups`): each
+  batch comes from one bucket, buckets mixed in proportion to their examples, so short rows are
+  not padded to the longest one's length. Its iterator's `get_state()` / `set_state()` give the
+  exact data position for resume.
   """
   if not examples:
     raise ValueError("no SFT examples")
   for i, (_, mask) in enumerate(examples):
     if not np.any(np.asarray(mask)):
       raise ValueError(f"SFT example {i} has an all-zero loss_mask (no target tokens)")
-  padded = [pad_example(ids, mask, max_len=max_len, pad_id=pad_id) for ids, mask in examples]
-  return (grain.MapDataset.source(padded).shuffle(seed=seed).repeat(None)
-          .batch(batch_size, drop_remainder=True))
+  groups = length_groups([len(ids) for ids, _ in examples], bucket_lengths, max_len, batch_size)
+  parts = [grain.MapDataset.source([pad_example(*examples[i], max_len=length, pad_id=pad_id)
+                                    for i in members])
+           .shuffle(seed=seed + j).repeat(None).batch(batch_size, drop_remainder=True)
+           for j, (length, members) in enumerate(groups)]
+  if len(parts) == 1:
+    return parts[0]
+  return grain.MapDataset.mix(parts, weights=[len(m) for _, m in groups])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +138,7 @@ class SftConfig:
   num_steps: int
   batch_size: int
   max_len: int
+  bucket_lengths: tuple[int, ...] = ()   # shorter padded lengths (sft_dataset)
   seed: int = 0
   checkpoint_every: int = 10
   keep_checkpoints: int = 3
@@ -191,7 +224,8 @@ def run_sft(model: nnx.Module, examples: Sequence[Example], cfg: SftConfig,
   if make_params is None:
     make_params = lambda t: nnx.state(model, nnx.Param)
   source = SftBatches(sft_dataset(examples, batch_size=cfg.batch_size, max_len=cfg.max_len,
-                                  seed=cfg.seed, pad_id=cfg.pad_id))
+                                  seed=cfg.seed, pad_id=cfg.pad_id,
+                                  bucket_lengths=cfg.bucket_lengths))
   state = trainer.fit(checkpoint_dir, cfg.num_steps, source, lambda: make_params(trainer),
                       on_step)
   nnx.update(model, state.params)

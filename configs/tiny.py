@@ -5,11 +5,13 @@ r"""The CPU default: a tiny Qwen3.5-architecture model from scratch and a locall
 
 Everything stays on one host, on CPU: the in-process JAX rollout engine, a spawned Stage Bank and
 the built-in evaluator. Sizes are chosen so the whole run (SFT, evaluations, rounds) fits about
-15 minutes on 2 otherwise idle CPU cores; `smoke` shrinks every phase to a few steps for the
-test suite. The recipe's *structure* (4/2/2 pool mix, gate thresholds, argmin curriculum, GRPO
-loss settings) is the reference's; only the scale shrinks. What makes the world learnable at
-this scale (experiments/README.md, "What made it learnable"): the `stage_tools` action space, a
-compact tool preamble, 128-wide layers and first-action SFT rows over many distinct tasks.
+15 minutes on 2 otherwise idle CPU cores (an estimate from CPU seconds, experiments/README.md;
+not yet timed alone); `smoke` shrinks every phase to a few steps (a 2-layer, 32-wide model; 4
+min on a loaded box), and the end-to-end test runs exactly it. The recipe's *structure* (4/2/2
+pool mix, gate thresholds, argmin curriculum, GRPO loss settings) is the reference's; only the
+scale shrinks. What makes the world learnable at this scale (experiments/README.md, "What made
+it learnable"): the `stage_tools` action space, a compact tool preamble, 128-wide layers and
+first-action SFT rows over many distinct tasks.
 """
 
 from __future__ import annotations
@@ -53,32 +55,39 @@ def tiny_qwen3_5_text(
 
 SFT_STEPS = 400
 
-# `smoke`: every phase shrunk to a handful of steps, for the end-to-end test.
+# `smoke`: every phase shrunk to a handful of steps, for the end-to-end test (which runs exactly
+# this) and a by-hand check of the whole loop in minutes. Two layers (one DeltaNet, one
+# attention) keep compile time down; a 2k vocab keeps its rows (~750 tokens with a 2k vocab,
+# ~1.5k with 512) under the short SFT / rollout lengths, so no row is dropped for length.
 SMOKE_OVERRIDES = {
-    "tokenizer.train.vocab_size": 512,      # the model's vocab follows (a FieldReference)
-    "tokenizer.train.corpus_tasks": 21,
-    "sft.steps": 4,
-    "sft.num_examples": 32,
+    "tokenizer.train.vocab_size": 2048,     # the model's vocab follows (a FieldReference)
+    "tokenizer.train.corpus_tasks": 7,
+    "model.hf_config.hidden_size": 32,
+    "model.hf_config.intermediate_size": 64,
+    "model.hf_config.num_hidden_layers": 2,
+    "model.hf_config.layer_types": ("linear_attention", "full_attention"),
+    "sft.steps": 2,
+    "sft.global_batch_size": 2,
+    "sft.num_examples": 8,
     "sft.first_action_tasks": 1,
-    "model.hf_config.hidden_size": 64,
-    "model.hf_config.intermediate_size": 128,
-    "sft.max_validation_examples": 4,
-    "sft.checkpoint.every": 2,
+    "sft.max_seq_len": 1024,
+    "sft.max_validation_examples": 1,
+    "sft.checkpoint.every": 1,
     "grpo.rounds": 2,
     "grpo.steps_per_round": 2,
     "grpo.prompt_groups": 2,
     "grpo.group_size": 2,
     "grpo.checkpoint.every": 1,
-    "rollout.limits.max_turn_tokens": 32,
-    "rollout.limits.max_assistant_turns": 3,
-    "rollout.limits.max_tool_calls": 2,
-    "rollout.limits.max_response_tokens": 96,
-    "rollout.limits.max_context_tokens": 3072,
+    "rollout.limits.max_turn_tokens": 8,
+    "rollout.limits.max_assistant_turns": 2,
+    "rollout.limits.max_tool_calls": 1,
+    "rollout.limits.max_response_tokens": 16,
+    "rollout.limits.max_context_tokens": 1024,
     "rollout.max_concurrent_trajectories": 4,
-    "rollout.jax.batch_size": 4,
-    "rollout.jax.max_len": 3072,
-    "stagebank.n_batches": 2,
-    "evaluator.workers": 1,
+    "rollout.jax.batch_size": 8,
+    "rollout.jax.max_len": 1024,
+    "stagebank.n_batches": 1,
+    "evaluator.workers": 7,
     "evaluator.cells_per_track": 1,
 }
 
@@ -104,6 +113,9 @@ def _sft(c: ml_collections.ConfigDict) -> None:
   c.sft.global_batch_size = 8
   c.sft.micro_batches = 1
   c.sft.max_seq_len = 640
+  # Rows are 411-607 tokens, 65% <= 448 and 93% <= 512: batches drawn per length bucket are
+  # padded to ~480 tokens on average instead of 640 (two more step compiles, ~35 CPU s each).
+  c.sft.bucket_lengths = (448, 512)
   c.sft.lr = 3e-3                  # a from-scratch model, not a fine-tune
   c.sft.warmup_steps = 20
   c.sft.schedule = "cosine"
@@ -165,7 +177,9 @@ def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
   _grpo(c, arg.rounds)
   _rollout(c)
   c.evaluator.cells_per_track = 3  # 21 held-out cells: one per outcome bucket per track
-  c.evaluator.workers = 8
+  # Cells at once = the engine's slots: a decode step costs the same CPU for 8 or 16 live slots
+  # (measured: 2.8 vs 2.7-3.0 CPU s for 500-token prompts + 64 new tokens), so 8 wasted half.
+  c.evaluator.workers = 16
   c.curriculum.mode = arg.mode
   if arg.smoke:
     c.update_from_flattened_dict(SMOKE_OVERRIDES)

@@ -15,7 +15,8 @@ import pytest
 from bat_jax.model import chat_format
 from bat_jax.model import tokenizer_corpus
 from bat_jax.model import tokenizer as tk
-from bat_jax.sft import SftConfig, drop_too_long, pad_example, sft_dataset, sft_loss_fn
+from bat_jax.sft import (SftConfig, drop_too_long, length_groups, pad_example, sft_dataset,
+                         sft_loss_fn)
 
 FIXTURES = Path(__file__).parent / "grpo"
 sys.path.insert(0, str(FIXTURES))
@@ -75,6 +76,37 @@ def test_bad_examples_name_the_problem():
     SftConfig(num_steps=1, batch_size=0, max_len=4)
 
 
+def test_length_groups_put_each_row_in_the_shortest_bucket_that_fills_a_batch():
+  lengths = [3, 4, 5, 9, 10, 10, 15, 16]
+  # 8: [0,1,2], 12: [3,4,5], 16: [6,7]; batch 2: every bucket fills a batch.
+  assert length_groups(lengths, (8, 12), 16, 2) == [(8, [0, 1, 2]), (12, [3, 4, 5]),
+                                                      (16, [6, 7])]
+  # batch 3: the 16 bucket (2 rows) joins the one before it, padded to 16.
+  assert length_groups(lengths, (8, 12), 16, 3) == [(8, [0, 1, 2]), (16, [3, 4, 5, 6, 7])]
+  # batch 4: the 8 bucket (3 rows) joins the 12 one, the 16 one (2 rows) joins that: one
+  # group; buckets >= max_len are ignored.
+  assert length_groups(lengths, (8, 12, 16, 32), 16, 4) == [(16, list(range(8)))]
+  assert length_groups(lengths, (8, 12), 16, 3)[0] == (8, [0, 1, 2])
+  assert length_groups(lengths, (), 16, 4) == [(16, list(range(8)))]
+  with pytest.raises(ValueError, match="SFT example 1 has 20 tokens > max_len=16"):
+    length_groups([3, 20], (8,), 16, 1)
+
+
+def test_bucketed_batches_pad_each_row_to_its_bucket_and_cover_every_row():
+  lengths = [3, 4, 5, 6, 11, 12, 13, 14]
+  examples = [([i + 1] * n, [0] * (n - 1) + [1]) for i, n in enumerate(lengths)]
+  batches = list(sft_dataset(examples, batch_size=2, max_len=16, seed=0,
+                             bucket_lengths=(8,))[:8])
+  assert {b["input_ids"].shape for b in batches} == {(2, 8), (2, 16)}
+  seen = [int(row[0]) for b in batches for row in b["input_ids"]]
+  assert sorted(seen) == sorted(2 * list(range(1, 9)))    # two epochs, every row twice
+  for b in batches:
+    short = b["input_ids"].shape[1] == 8
+    assert all((int(r[0]) <= 4) == short for r in b["input_ids"])  # rows 1-4 are <= 8 tokens
+    np.testing.assert_array_equal(b["valid"].sum(1), [len(examples[int(r[0]) - 1][0])
+                                                      for r in b["input_ids"]])
+
+
 NUM_STEPS = 8
 _DRIVER = textwrap.dedent("""
     import sys, time
@@ -83,7 +115,8 @@ _DRIVER = textwrap.dedent("""
     from policy_fixtures import sft_examples, tiny_model
     from bat_jax.train import OptimizerConfig
     from bat_jax.sft import SftConfig, run_sft
-    cfg = SftConfig(num_steps={steps}, batch_size=4, max_len=16, checkpoint_every=2,
+    cfg = SftConfig(num_steps={steps}, batch_size=4, max_len=16, bucket_lengths=(12,),
+                    checkpoint_every=2,
                     keep_checkpoints=2, logprob_chunk_size=8,
                     optimizer=OptimizerConfig(learning_rate=1e-2, schedule="cosine",
                                               warmup_steps=2, total_steps={steps}))

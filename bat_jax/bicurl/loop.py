@@ -119,12 +119,13 @@ def _cold_start(cfg: RunConfig, paths: RunPaths, chat_format: ChatFormat,
   model, make_params = _initial_policy(cfg, mesh)
   sft_cfg = SftConfig(
       num_steps=cfg.sft.steps, batch_size=cfg.sft.global_batch_size, max_len=max_len,
-      seed=cfg.seed, checkpoint_every=cfg.sft.checkpoint.every,
-      keep_checkpoints=cfg.sft.checkpoint.keep, logprob_chunk_size=cfg.grpo.logprob_chunk_size,
+      bucket_lengths=tuple(cfg.sft.bucket_lengths), seed=cfg.seed,
+      checkpoint_every=cfg.sft.checkpoint.every, keep_checkpoints=cfg.sft.checkpoint.keep,
+      logprob_chunk_size=cfg.grpo.logprob_chunk_size,
       pad_id=chat_format.endoftext_id, optimizer=optimizer_config(cfg.sft, cfg.sft.steps),
       step=step_config(cfg.sft, cfg.trainer))
-  log.info("SFT: %d train / %d validation examples, padded to %d tokens", len(train),
-           len(validation), max_len)
+  log.info("SFT: %d train / %d validation examples, padded to %d tokens (buckets %s)",
+           len(train), len(validation), max_len, tuple(cfg.sft.bucket_lengths))
   bar = tracker.bar(cfg.sft.steps, "cold-start SFT")
 
   def on_step(step: int, metrics: dict[str, Any]) -> None:

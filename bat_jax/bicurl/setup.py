@@ -136,7 +136,7 @@ def prepare_sft_rows(cfg: RunConfig, out_dir: Path, markers_path: Path) -> Path:
                           first_action_tasks=cfg.sft.first_action_tasks)
   checker = leakcheck.LeakChecker(load_matcher(markers_path))
   return sft_rows.build_sft_set(out_dir, spec, checker,
-                                sandbox_limits=cfg.sandbox)
+                                sandbox_limits=cfg.sandbox, workers=cfg.stagebank.workers)
 
 
 def sft_examples(cfg: RunConfig, rows_dir: Path,

@@ -17,6 +17,7 @@ follows the reference `sft-semantic-row.json`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import tempfile
@@ -130,39 +131,56 @@ class SftSpec:
             "first_action_tasks": self.first_action_tasks}
 
 
-def synthesize(spec: SftSpec, *, sandbox_limits: Any = None) -> Iterator[dict[str, Any]]:
+def synthesize(spec: SftSpec, *, sandbox_limits: Any = None,
+               workers: int = 1) -> Iterator[dict[str, Any]]:
   """Generates every SFT row of `spec`, running the expert actions in sandboxes.
 
   One task is generated per (track, outcome, i) and shared by all of its foci, so the boundary
   snapshots of `materialize_at` (cached in a per-task temporary directory, removed afterwards)
   run each earlier stage once. The `first_action_tasks` after them give one row per focus
-  (its first action; `actions_in_focus` 1) and run nothing.
+  (its first action; `actions_in_focus` 1) and run nothing. `workers` tasks are synthesised at
+  once on threads (a task's time is mostly sandbox start-up and waits, not Python); the rows
+  come out in the same order for any `workers`.
   """
-  from bat_jax import train_tasks  # deferred: the bank's CLI must start without the task families
   from bat_jax.sandbox import SandboxLimits
   limits = sandbox_limits if sandbox_limits is not None else SandboxLimits()
   cells: dict[tuple[str, str], list[grid.GridState]] = {}
   for state in spec.states:
     cells.setdefault((state.track, state.outcome), []).append(state)
-  for (track, outcome), states in cells.items():
-    states = sorted(states, key=lambda s: workflow.FOCI.index(s.focus))
-    for i in range(spec.tasks_per_state + spec.first_action_tasks):
-      task_seed = rounds.derive_seed(SFT_POOL, spec.seed, track, outcome, i) & 0x7FFFFFFF
-      instance = train_tasks.generate(track, task_seed, outcome, spec.action_space)
-      row = functools.partial(_task_rows, train_tasks, instance, task_seed=task_seed, index=i,
-                              seed=spec.seed)
-      if i >= spec.tasks_per_state:  # first actions only: their context has no observation
-        for state in states:
-          yield from row(state, focus_actions(train_tasks, instance, state.focus)[:1], [""])
-        continue
-      with tempfile.TemporaryDirectory(prefix="bat-sft-") as tmp:
-        for state in states:
-          sandbox = train_tasks.materialize_at(instance, state.focus, Path(tmp) / state.focus,
-                                               limits, cache_dir=Path(tmp) / "cache")
-          actions = focus_actions(train_tasks, instance, state.focus)
-          observations = [sandbox.execute(a["arguments"]["language"],
-                                          a["arguments"]["code"]).observation for a in actions]
-          yield from row(state, actions, observations)
+  jobs = [(track, outcome, sorted(states, key=lambda s: workflow.FOCI.index(s.focus)), i)
+          for (track, outcome), states in cells.items()
+          for i in range(spec.tasks_per_state + spec.first_action_tasks)]
+  one_task = lambda job: _one_task_rows(spec, limits, *job)
+  if workers <= 1:
+    for job in jobs:
+      yield from one_task(job)
+    return
+  with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="sft-rows") as pool:
+    for rows in pool.map(one_task, jobs):
+      yield from rows
+
+
+def _one_task_rows(spec: SftSpec, limits: Any, track: str, outcome: str,
+                   states: Sequence[grid.GridState], i: int) -> list[dict[str, Any]]:
+  """The rows of task `i` of one (track, outcome) cell over its foci (`states`, in order)."""
+  from bat_jax import train_tasks  # deferred: the bank's CLI must start without the task families
+  task_seed = rounds.derive_seed(SFT_POOL, spec.seed, track, outcome, i) & 0x7FFFFFFF
+  instance = train_tasks.generate(track, task_seed, outcome, spec.action_space)
+  row = functools.partial(_task_rows, train_tasks, instance, task_seed=task_seed, index=i,
+                          seed=spec.seed)
+  if i >= spec.tasks_per_state:  # first actions only: their context has no observation
+    return [r for state in states
+            for r in row(state, focus_actions(train_tasks, instance, state.focus)[:1], [""])]
+  out = []
+  with tempfile.TemporaryDirectory(prefix="bat-sft-") as tmp:
+    for state in states:
+      sandbox = train_tasks.materialize_at(instance, state.focus, Path(tmp) / state.focus, limits,
+                                     cache_dir=Path(tmp) / "cache")
+      actions = focus_actions(train_tasks, instance, state.focus)
+      observations = [sandbox.execute(a["arguments"]["language"],
+                                      a["arguments"]["code"]).observation for a in actions]
+      out += row(state, actions, observations)
+  return out
 
 
 def _task_rows(tasks_module: Any, instance: Any, state: grid.GridState,
@@ -175,9 +193,10 @@ def _task_rows(tasks_module: Any, instance: Any, state: grid.GridState,
 
 
 def build_sft_set(out_dir: Path, spec: SftSpec, checker: leakcheck.LeakChecker, *,
-                  sandbox_limits: Any = None) -> Path:
-  """Synthesises, leak-checks (fail-closed) and atomically publishes an SFT set to `out_dir`."""
-  rows = list(synthesize(spec, sandbox_limits=sandbox_limits))
+                  sandbox_limits: Any = None, workers: int = 1) -> Path:
+  """Synthesises (`workers` tasks at once), leak-checks (fail-closed) and atomically publishes
+  an SFT set to `out_dir`."""
+  rows = list(synthesize(spec, sandbox_limits=sandbox_limits, workers=workers))
   receipt = checker.check_rows((SFT_POOL, r) for r in rows)
   if not receipt.passed:
     raise leakcheck.RoundRejected(receipt)

@@ -2,8 +2,9 @@
 
   PYTHONPATH=. python experiments/perf/tiny_phases.py --lengths 1024 2048 --batch 8
 
-Prints compile time and the mean time of 3 steps per length; used to size configs/tiny.py so the
-whole tiny run fits its ~15 minute budget.
+Prints compile time and the mean time of `--steps` steps per length, in wall and CPU seconds (on
+a loaded box the CPU seconds are the steadier estimate: idle wall ~ CPU s / cores used); used to
+size configs/tiny.py so the whole tiny run fits its ~15 minute budget.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def main() -> None:
   parser = argparse.ArgumentParser()
   parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048])
   parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--steps", type=int, default=3)
   args = parser.parse_args()
   cfg = tiny.get_config()
   model = setup.initial_model(cfg)
@@ -40,16 +42,18 @@ def main() -> None:
              "valid": jnp.ones((args.batch, length), bool),
              "loss_mask": jnp.ones((args.batch, length), jnp.int32).at[:, 0].set(0)}
     state = init_train_state(jax.tree.map(jnp.copy, params), optimizer, seed=0)  # donated
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     state, m = step(state, batch, frozen)
     jax.block_until_ready(m["loss"])
-    compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(3):
+    compile_s, compile_cpu = time.perf_counter() - t0, time.process_time() - c0
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(args.steps):
       state, m = step(state, batch, frozen)
     jax.block_until_ready(m["loss"])
-    print(f"SFT step [{args.batch}, {length}]: first call {compile_s:.1f} s, then "
-          f"{(time.perf_counter() - t0) / 3:.2f} s/step")
+    # CPU seconds hardly depend on what else runs on the box; wall seconds do.
+    print(f"SFT step [{args.batch}, {length}]: first call {compile_s:.1f} s "
+          f"({compile_cpu:.1f} CPU s), then {(time.perf_counter() - t0) / args.steps:.2f} s/step "
+          f"({(time.process_time() - c0) / args.steps:.2f} CPU s/step)", flush=True)
 
 
 if __name__ == "__main__":

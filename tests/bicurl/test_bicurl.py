@@ -1,6 +1,6 @@
 """BiCuRL outer loop: pieces (batching, state, report) and a short end-to-end run.
 
-The end-to-end run uses `tests/bicurl/fast_config.py` (tiny:smoke, shrunk further); one run is
+The end-to-end run uses `configs/tiny.py:smoke` (`tests/bicurl/fast_config.py`); one run is
 shared by the end-to-end tests, each checking one concern. The SIGKILL-and-resume check and the
 launch.py checks have their own files.
 """

@@ -54,7 +54,7 @@ def test_overrides_through_absl_flags():
   cfg = parse_flags(f"--config={ROOT / 'configs/tiny.py'}:smoke", "--config.grpo.lr=2e-6",
                     "--config.curriculum.mode=softmin", "--config.rollout.sglang.urls=('u',)")
   assert cfg.grpo.lr == 2e-6 and cfg.curriculum.mode == "softmin"
-  assert cfg.rollout.sglang.urls == ("u",) and cfg.sft.steps == 4      # `smoke` applied
+  assert cfg.rollout.sglang.urls == ("u",) and cfg.sft.steps == 2      # `smoke` applied
   validate_config(cfg)
 
 
@@ -281,7 +281,7 @@ def test_tiny_model_builds_and_every_param_axis_has_a_sharding_rule():
   model_cfg = ModelConfig.from_hf_dict(cfg.model.hf_config.to_dict(), dtype=cfg.model.dtype,
                                        param_dtype=cfg.model.param_dtype)
   assert model_cfg.vocab_size == cfg.tokenizer.train.vocab_size
-  model = build_model(model_cfg, rngs=nnx.Rngs(0))      # tiny: 64 wide, 4 layers
+  model = build_model(model_cfg, rngs=nnx.Rngs(0))      # tiny:smoke: 32 wide, 2 layers
   mesh = sharding.make_mesh(data=-1, fsdp=8, tensor=cfg.mesh.tensor)   # 8 fake CPU devices
   # Raises KeyError naming any logical axis that the config's rules do not cover.
   shardings = sharding.model_shardings(model, mesh, cfg.sharding.rules)

@@ -1,7 +1,5 @@
 """SFT rows end to end: real expert actions executed in the bubblewrap sandbox, then published."""
 
-import pytest
-
 from bat_jax import markers
 from bat_jax import workflow
 from bat_jax.stagebank import grid
@@ -20,7 +18,7 @@ def test_sft_set_from_executed_expert_actions(tmp_path, require_bwrap):
   checker = leakcheck.LeakChecker(markers.MarkerMatcher(markers.empty_export()),
                                    allow_no_markers=True)
   spec = sft_rows.SftSpec(seed=4, states=STATES)
-  out = sft_rows.build_sft_set(tmp_path / "sft", spec, checker)
+  out = sft_rows.build_sft_set(tmp_path / "sft", spec, checker, workers=2)  # sandboxes at once
   rows = sft_rows.load_sft_rows(out)
   assert rows
   for state in STATES:
@@ -57,3 +55,11 @@ def test_first_action_tasks_add_one_unexecuted_row_per_focus(tmp_path):
     assert row["messages"][1]["content"] == train_tasks.brief_for(instance, meta["stage"])
     assert sft_rows.target_action(row) == sft_rows.focus_actions(train_tasks, instance,
                                                                  meta["stage"])[0]
+
+
+def test_rows_come_out_in_the_same_order_for_any_number_of_workers():
+  spec = sft_rows.SftSpec(seed=5, states=STATES, tasks_per_state=0, first_action_tasks=4,
+                          action_space="stage_tools")
+  one = list(sft_rows.synthesize(spec))
+  assert len(one) == 4 * len(STATES)
+  assert list(sft_rows.synthesize(spec, workers=3)) == one
