@@ -26,7 +26,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
-from bat_jax.rollout.engine import GenerateRequest
+from bat_jax.rollout.engine import GenerateRequest, generate_isolated
 from bat_jax.rollout.server.params import Sampling
 
 log = logging.getLogger(__name__)
@@ -167,27 +167,12 @@ class Scheduler:
       return
     self.steps += 1
     self.peak_running = max(self.peak_running, len(batch))
-    for job, result in zip(batch, self._generate(engine, requests)):
+    for job, result in zip(batch, generate_isolated(engine, requests)):
       if isinstance(result, BaseException):
         job.error = result
         self._end(job, {"type": "abort", "message": f"{type(result).__name__}: {result}"})
       else:
         self._absorb(job, result)
-
-  def _generate(self, engine, requests) -> list:
-    try:
-      return engine.generate(requests)
-    except Exception as e:  # pylint: disable=broad-except  # isolate the request at fault
-      if len(requests) == 1:
-        return [e]
-      log.exception("batched step failed; retrying %d requests one by one", len(requests))
-    out = []
-    for r in requests:
-      try:
-        out.append(engine.generate([r])[0])
-      except Exception as e:  # pylint: disable=broad-except
-        out.append(e)
-    return out
 
   def _absorb(self, job: Job, c) -> None:
     if job.cached_tokens is None:
