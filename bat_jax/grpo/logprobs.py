@@ -1,10 +1,12 @@
 """Taken-token logprobs without materialising the `[B, T, V]` float32 logits.
 
 The final hidden states are cut into sequence chunks and a `lax.scan` computes, per chunk, the
-`[B, C, V]` logits, their logsumexp and the taken token's logit. The backward is written by hand
-(`_head_logprobs`): per chunk it recomputes the logits from the saved `[B, C, D]` hidden chunk and
-`[B, C]` logsumexp, so peak memory is O(B * C * V) instead of O(B * T * V) (Qwen3.5's V is
-~248k); for small vocabularies it can keep the softmax instead and skip that matmul."""
+`[B, C, V]` logits, their logsumexp and the taken token's logit. By default each chunk is
+checkpointed (`_recomputing_head`): the backward recomputes its logits from the saved `[B, C, D]`
+hidden chunk, so peak memory is O(B * C * V) instead of O(B * T * V) (Qwen3.5's V is ~248k). For
+small vocabularies `save_probs` keeps each chunk's softmax and a hand-written backward
+(`_saved_probs_head`) skips that matmul. (The hand-written backward in recompute mode cost
+3.3 GiB more per device in the bat9b memory plan, so the 9B path stays checkpointed.)"""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ def _check_shapes(hidden: Array, kernel: Array, targets: Array, chunk_size: int)
     raise ValueError(f"kernel {kernel.shape} must be [D={hidden.shape[-1]}, V]")
   if chunk_size <= 0:
     raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+
+
 def _chunk_logits(h: Array, kernel: Array, temperature: float) -> Array:
   """`[B, C, V]` fp32 logits / temperature of one hidden chunk `[B, C, D]`."""
   # Rank-2 matmul (see `Linear`): [B*C, D] @ [D, V], batch-major so batch sharding carries.
@@ -32,16 +36,14 @@ def _chunk_logits(h: Array, kernel: Array, temperature: float) -> Array:
   return logits.reshape(*h.shape[:-1], kernel.shape[-1]) / temperature
 
 
-def _head_logprobs(temperature: float, with_entropy: bool, save_probs: bool):
+def _saved_probs_head(temperature: float, with_entropy: bool):
   """`(h_chunks [N, B, C, D], t_chunks [N, B, C], kernel [D, V]) -> (logp, entropy)` per chunk
-  (each `[N, B, C]` fp32), with a hand-written VJP.
+  (each `[N, B, C]` fp32), with a hand-written VJP that keeps every chunk's softmax.
 
   The gradient of a taken-token logprob w.r.t. the logits is `(onehot - softmax) / temperature`,
-  so the backward needs only each chunk's softmax. `save_probs=False` keeps the `[B, C]`
-  logsumexp per chunk and recomputes the logits matmul (memory O(B * C * V) at any length: the
-  9B shapes); `save_probs=True` keeps every chunk's `[B, C, V]` softmax instead (O(B * T * V),
-  for small vocabularies) and skips that matmul. Either way no one-hot or gather is
-  differentiated and the entropy carries no gradient.
+  so with the `[B, C, V]` softmax of each chunk saved (O(B * T * V) memory: small vocabularies
+  only) the backward skips the logits matmul and differentiates no one-hot or gather. The
+  entropy carries no gradient.
   """
 
   def forward(h_chunks, t_chunks, kernel):
@@ -53,33 +55,56 @@ def _head_logprobs(temperature: float, with_entropy: bool, save_probs: bool):
       ent = jnp.zeros_like(lse)
       if with_entropy:
         ent = lse - (jax.nn.softmax(logits, axis=-1) * logits).sum(-1)
-      saved = jnp.exp(logits - lse[..., None]) if save_probs else lse
-      return None, (taken - lse, ent, saved)
+      return None, (taken - lse, ent, jnp.exp(logits - lse[..., None]))
 
-    _, (logp, ent, saved) = jax.lax.scan(body, None, (h_chunks, t_chunks))
-    return (logp, ent), (h_chunks, t_chunks, kernel, saved)
+    _, (logp, ent, probs) = jax.lax.scan(body, None, (h_chunks, t_chunks))
+    return (logp, ent), (h_chunks, t_chunks, kernel, probs)
 
   def backward(residuals, cotangents):
-    h_chunks, t_chunks, kernel, saved = residuals
+    h_chunks, t_chunks, kernel, probs = residuals
     d_logp = cotangents[0]  # the entropy's cotangent is dropped: it carries no gradient
 
     def body(d_kernel, xs):
-      h, t, g, s = xs
-      probs = s if save_probs else jnp.exp(_chunk_logits(h, kernel, temperature) - s[..., None])
-      hit = jax.lax.broadcasted_iota(jnp.int32, probs.shape, 2) == t[..., None]
-      d_logits = ((hit.astype(jnp.float32) - probs) * (g / temperature)[..., None])
-      d_logits = d_logits.reshape(-1, probs.shape[-1]).astype(kernel.dtype)     # [B*C, V]
+      h, t, g, p = xs
+      hit = jax.lax.broadcasted_iota(jnp.int32, p.shape, 2) == t[..., None]
+      d_logits = ((hit.astype(jnp.float32) - p) * (g / temperature)[..., None])
+      d_logits = d_logits.reshape(-1, p.shape[-1]).astype(kernel.dtype)         # [B*C, V]
       d_h = jnp.dot(d_logits, kernel.T, preferred_element_type=jnp.float32)
       d_kernel = d_kernel + jnp.dot(h.reshape(-1, h.shape[-1]).T, d_logits,
                                     preferred_element_type=jnp.float32)
       return d_kernel, d_h.reshape(h.shape).astype(h.dtype)
 
     zeros = jnp.zeros(kernel.shape, jnp.float32)
-    d_kernel, d_h = jax.lax.scan(body, zeros, (h_chunks, t_chunks, d_logp, saved))
+    d_kernel, d_h = jax.lax.scan(body, zeros, (h_chunks, t_chunks, d_logp, probs))
     return d_h, None, d_kernel.astype(kernel.dtype)
 
   head = jax.custom_vjp(lambda h, t, k: forward(h, t, k)[0])
   head.defvjp(forward, backward)
+  return head
+
+
+def _recomputing_head(temperature: float, with_entropy: bool):
+  """Same signature as `_saved_probs_head`; each chunk is checkpointed, so the backward
+  recomputes its logits (memory O(B * C * V) at any length: the 9B shapes)."""
+
+  def head(h_chunks, t_chunks, kernel):
+    @jax.checkpoint
+    def one_chunk(h: Array, t: Array) -> tuple[Array, Array]:
+      logits = _chunk_logits(h, kernel, temperature)
+      lse = jax.nn.logsumexp(logits, axis=-1)                            # [B, C]
+      # A one-hot select, not take_along_axis: its gradient is a select too, where a gather's
+      # is a scatter (serial on CPU). Exact: one logit plus zeros.
+      hit = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2) == t[..., None]
+      taken = jnp.sum(jnp.where(hit, logits, 0.0), axis=-1)              # [B, C]
+      ent = jnp.zeros_like(lse)
+      if with_entropy:
+        probs = jax.nn.softmax(jax.lax.stop_gradient(logits), axis=-1)
+        ent = jax.lax.stop_gradient(lse) - (probs * jax.lax.stop_gradient(logits)).sum(-1)
+      return taken - lse, ent
+
+    _, out = jax.lax.scan(lambda c, xs: (c, one_chunk(*xs)), None, (h_chunks, t_chunks))
+    return out
+
   return head
 
 
@@ -98,7 +123,7 @@ def chunked_logprobs(hidden: Array, kernel: Array, targets: Array, *, chunk_size
     temperature: sampling temperature the rollouts used (logits are divided by it).
     with_entropy: also return the per-token entropy (no gradient flows through it).
     save_probs: keep each chunk's softmax for the backward instead of recomputing the logits
-      matmul (`B * T * V * 4` bytes; see `_head_logprobs`).
+      matmul (`B * T * V * 4` bytes; see `_saved_probs_head`).
 
   Returns:
     `(logp [B, T] float32, entropy [B, T] float32 or None)`.
@@ -116,7 +141,7 @@ def chunked_logprobs(hidden: Array, kernel: Array, targets: Array, *, chunk_size
   h_chunks = hidden.reshape(batch, n_chunks, chunk, dim).swapaxes(0, 1)
   t_chunks = targets.reshape(batch, n_chunks, chunk).swapaxes(0, 1)
   h_chunks = sharding.constrain(h_chunks, (None, *sharding.ACTIVATION_AXES))
-  head = _head_logprobs(temperature, with_entropy, save_probs)
+  head = (_saved_probs_head if save_probs else _recomputing_head)(temperature, with_entropy)
   logp, ent = head(h_chunks, t_chunks.astype(jnp.int32), kernel)
   logp = logp.swapaxes(0, 1).reshape(batch, n_chunks * chunk)[:, :length]
   ent = jax.lax.stop_gradient(ent).swapaxes(0, 1).reshape(batch, n_chunks * chunk)[:, :length]
