@@ -213,7 +213,7 @@ def prune_rounds(paths: RunPaths, state: OuterState, keep: int) -> list[int]:
   return pruned
 
 
-def _check_same_config(cfg: ml_collections.ConfigDict, path: Path) -> None:
+def check_same_config(cfg: ml_collections.ConfigDict, path: Path) -> None:
   """Records the run's config; a resume with different values (`logging` aside) is refused,
   naming every field that differs, since it would mix two experiments in one directory."""
   current = json.loads(cfg.to_json_best_effort(sort_keys=True))
@@ -256,7 +256,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any
   cfg = RunConfig.from_config(config)
   paths = RunPaths(Path(workdir).absolute())
   paths.workdir.mkdir(parents=True, exist_ok=True)
-  _check_same_config(config, paths.workdir / "config.json")
+  check_same_config(config, paths.workdir / "config.json")
   state = OuterState.load(paths.workdir)
   tracker = _Tracker(cfg, paths)
   server: Optional[PolicyServer] = None

@@ -64,7 +64,7 @@ def _check_turn(turn: Any) -> tuple[list[Mapping[str, Any]], str, Optional[str]]
   return list(actions), str(thought), (None if error is None else str(error))
 
 
-def _drive(agent, sandbox, brief: str, limits: RolloutLimits) -> dict[str, Any]:
+def drive_episode(agent, sandbox, brief: str, limits: RolloutLimits) -> dict[str, Any]:
   """The turn loop; returns counters. Agent exceptions become _Invalid('crash')."""
   messages: list[dict[str, Any]] = [{"role": "system", "content": workflow.SYSTEM_PROMPT},
                                     {"role": "user", "content": brief}]
@@ -142,7 +142,7 @@ def run_cell(cell: Cell, factory: AgentFactory, work_dir: Path, *,
       agent = factory(instance)
     except Exception as e:
       raise _Invalid("crash", f"agent factory raised {type(e).__name__}: {e}") from None
-    counters = _drive(agent, sandbox, instance.brief, limits)
+    counters = drive_episode(agent, sandbox, instance.brief, limits)
     result = rubric.score(instance, workflow.E2E, sandbox.workspace, sandbox.evidence)
   except _Invalid as e:
     return invalid_record(cell, e.reason, str(e), time.monotonic() - start)

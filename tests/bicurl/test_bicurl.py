@@ -167,8 +167,8 @@ def test_end_to_end_rerun_of_a_finished_run_returns_its_report(finished_run):
 
 
 def test_resume_with_another_config_is_refused_naming_the_field(tmp_path):
-  from bat_jax.bicurl.loop import _check_same_config
-  _check_same_config(fast_config(), tmp_path / "config.json")
-  _check_same_config(fast_config(logging__tensorboard=False), tmp_path / "config.json")  # ok
+  from bat_jax.bicurl.loop import check_same_config
+  check_same_config(fast_config(), tmp_path / "config.json")
+  check_same_config(fast_config(logging__tensorboard=False), tmp_path / "config.json")  # ok
   with pytest.raises(ValueError, match=r"grpo: lr 0.0001 -> 0.5"):
-    _check_same_config(fast_config(grpo__lr=0.5), tmp_path / "config.json")
+    check_same_config(fast_config(grpo__lr=0.5), tmp_path / "config.json")

@@ -125,7 +125,7 @@ def test_both_sides_send_the_public_system_prompt():
     seen.append(messages[0])
     return Turn(())  # stop at once: the sandbox is never used
 
-  counters = episode._drive(agent, None, "brief", RolloutLimits())
+  counters = episode.drive_episode(agent, None, "brief", RolloutLimits())
   assert counters["finish_reason"] == "agent_stop"
   assert seen == [{"role": "system", "content": workflow.SYSTEM_PROMPT}]
   assert rl_rows.SYSTEM_PROMPT == workflow.SYSTEM_PROMPT
