@@ -5,8 +5,12 @@ import shutil
 
 import pytest
 
-# Tests run on CPU; fake devices let sharding tests build 8-device meshes.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# Tests run on CPU; fake devices let sharding tests build 8-device meshes. The suite compiles
+# hundreds of tiny programs: LLVM's optimisation of their machine code is ~40% of the suite's
+# compile CPU and buys nothing at these sizes (matmuls still go to the CPU's dot library;
+# memory analyses are fixed before LLVM runs). Subprocesses inherit both flags.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                      "--xla_backend_optimization_level=0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 from bat_jax.grpo.logprobs import taken_token_logprobs
+from bat_jax.memory_plan import PLAN_COMPILER_OPTIONS
 from bat_jax.model import ModelConfig, build_model
 from bat_jax.model.decoder import seq_tiling
 from hf_fixtures import qwen3_5_text_config
@@ -42,16 +43,18 @@ def _grad_temp_bytes(cfg) -> int:
     return logp.sum()
 
   ids = jax.ShapeDtypeStruct((1, T), jnp.int32)
-  return jax.jit(jax.grad(loss)).lower(params, ids).compile().memory_analysis().temp_size_in_bytes
+  # Buffer assignment is fixed before LLVM runs: the plan's options give the same bytes, faster.
+  compiled = jax.jit(jax.grad(loss)).lower(params, ids).compile(PLAN_COMPILER_OPTIONS)
+  return compiled.memory_analysis().temp_size_in_bytes
 
 
 @pytest.mark.parametrize("seq_tile_size", [pytest.param(None, marks=pytest.mark.slow), 256],
                          ids=["whole_layer", "tiled"])
 def test_extra_layers_cost_their_saved_inputs_not_their_activations(seq_tile_size):
-  two, three = (_grad_temp_bytes(_cfg(c, seq_tile_size)) for c in (2, 3))
+  one, two = (_grad_temp_bytes(_cfg(c, seq_tile_size)) for c in (1, 2))
   saved_input = T * 32 * 2                      # one layer's bf16 input, [T, D]
   mlp_activation = T * 1024 * 4                 # ONE fp32 [T, F] MLP intermediate of one layer
-  per_layer = (three - two) / 4
+  per_layer = (two - one) / 4
   # With the remat lost an extra layer costs several [T, F] MLP intermediates.
   assert per_layer < mlp_activation / 4, (per_layer, mlp_activation)
   assert per_layer > saved_input / 2, per_layer  # the probe measures something
