@@ -53,7 +53,7 @@ def tiny_qwen3_5_text(
   })
 
 
-SFT_STEPS = 400
+SFT_STEPS = 200
 
 # `smoke`: every phase shrunk to a handful of steps, for the end-to-end test (which runs exactly
 # this) and a by-hand check of the whole loop in minutes. Two layers (one DeltaNet, one
@@ -147,9 +147,12 @@ def _rollout(c: ml_collections.ConfigDict) -> None:
   # 1.0, not 0.7: at 0.7 the post-SFT policy's G=4 samples mostly tie (1 of 6 steps applied an
   # update in the seed-0 run; 3 of 6 at 1.0, same cold start; experiments/README.md).
   c.rollout.sampling.temperature = 1.0
-  c.rollout.limits.max_turn_tokens = 96
-  c.rollout.limits.max_assistant_turns = 9
-  c.rollout.limits.max_tool_calls = 8
+  # An expert turn is <= 65 tokens; an E2E episode needs <= 7 calls (recovery: plan, setup,
+  # validate, fix, validate, infer, submit). The post-SFT policy never stops on its own, so
+  # every unneeded turn or token is decoded (and executed) in every cell and rollout.
+  c.rollout.limits.max_turn_tokens = 72
+  c.rollout.limits.max_assistant_turns = 8
+  c.rollout.limits.max_tool_calls = 7
   c.rollout.limits.max_response_tokens = 768
   c.rollout.limits.max_observation_chars = 512
   c.rollout.limits.max_context_tokens = 2048

@@ -12,11 +12,12 @@ artifacts and receipts by executed calls.
 arguments copied from the task facts (`task_facts`) or, for the reactive steps, from what an
 earlier observation names (validate prints `fault=... subject=...`).
 
-The facts a call copies are short task ids (`card: c37; weights: w12; data: d31; ...`, the
-spec's `ids` maps each to the real path or list, and the tools resolve them): a path such as
+The facts a call copies are short task ids (`card: c4; weights: w8; data: d2; ...`; the spec's
+`ids` maps each to the real path or list, and the tools resolve them): a path such as
 `models/helix-seg-4/card.json` is 9-17 pieces to a 1k-token tokenizer, different for every model
-name, while ` c37` is always a letter and two digits. Each side draws its numbers from its own
-half (`id_parity`: the digit sum's parity), so training and held-out ids never coincide.
+name, while ` c4` is always a letter and one digit, so copying it is one look-up. Each side has
+its own digits (`id_parity`: training even, held-out odd), so training and held-out ids never
+coincide; within a side the digit is drawn per task and kind, so it cannot be memorised.
 """
 
 from __future__ import annotations
@@ -69,10 +70,15 @@ def _values(instance: TaskInstance) -> dict[str, str]:
 
 
 def _short_ids(task_id: str, id_parity: int) -> dict[str, str]:
-  """kind -> `<letter><NN>`, NN in 10..99 with digit-sum parity `id_parity` (one per side)."""
-  numbers = [n for n in range(10, 100) if (n // 10 + n % 10) % 2 == id_parity]
+  """kind -> `<letter><digit>`, the digit drawn by (task, kind) among those of parity `id_parity`.
+
+  One digit, not two: a from-scratch 128-wide policy did not learn to copy two-digit ids in 250
+  SFT steps (it emitted one memorised id: exact 1 of 32 validation calls, experiments/README.md),
+  while a sampled one-of-5 digit is right often enough for GRPO groups to differ.
+  """
+  digits = [d for d in range(10) if d % 2 == id_parity]
   digest = lambda kind: int(hashlib.sha256(f"{task_id}|{kind}".encode()).hexdigest(), 16)
-  return {kind: f"{letter}{numbers[digest(kind) % len(numbers)]}"
+  return {kind: f"{letter}{digits[digest(kind) % len(digits)]}"
           for kind, letter in ID_LETTERS.items()}
 
 
