@@ -237,14 +237,16 @@ ACTION_SPACES: tuple[str, ...] = ("code", "stage_tools")
 TOOLS_DIR = "tools"
 # Stage -> the tool calls that do it (public usage; briefs and specs quote it).
 STAGE_TOOLS: Mapping[str, str] = {
-    "S1": "python tools/plan.py --weights WEIGHTS_FILE --data DATA_DIR --cases N_CASES",
-    "S2": "python tools/setup.py --card CARD_PATH",
-    "S3": "python tools/validate.py --cases VALIDATION_IDS; when it names a recoverable fault: "
+    "S1": "python tools/plan.py --weights WEIGHTS_ID --data DATA_ID --cases N_CASES",
+    "S2": "python tools/setup.py --card CARD_ID",
+    "S3": "python tools/validate.py --cases VALIDATION_ID; when it names a recoverable fault: "
           "python tools/fix.py --fault FAULT --subject SUBJECT, then validate again",
-    "S4": "python tools/infer.py --data DATA_DIR, or python tools/infer.py --blocked FAULT when "
+    "S4": "python tools/infer.py --data DATA_ID, or python tools/infer.py --blocked FAULT when "
           "validation found a fault that cannot be fixed (grep -v evidence validation/diagnosis.json)",
-    "S5": "python tools/submit.py --to SUBMISSION_PATH, or python tools/submit.py --failed FAULT "
+    "S5": "python tools/submit.py --to SUBMISSION_ID, or python tools/submit.py --failed FAULT "
           "--subject SUBJECT for an honest failure report",
+    "ids": "the short ids of the task facts (c.., w.., d.., v.., s..) stand for the paths and "
+           "lists in the spec's `ids`; every tool also takes the real value",
 }
 TOOL_COMMANDS: tuple[str, ...] = ("plan", "setup", "validate", "fix", "infer", "submit")
 # Every file the stage tools ship: one entry script per command, the shared kit, and the

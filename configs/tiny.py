@@ -4,14 +4,14 @@ r"""The CPU default: a tiny Qwen3.5-architecture model from scratch and a locall
   python launch.py --config=configs/tiny.py:smoke --workdir=/tmp/bat_smoke   # a handful of steps
 
 Everything stays on one host, on CPU: the in-process JAX rollout engine, a spawned Stage Bank and
-the built-in evaluator. Sizes are chosen so the whole run (SFT, evaluations, rounds) fits about
-15 minutes on 2 otherwise idle CPU cores (an estimate from CPU seconds, experiments/README.md;
-not yet timed alone); `smoke` shrinks every phase to a few steps (a 2-layer, 32-wide model; 4
+the built-in evaluator. Sizes aim at ~15 minutes on 2 otherwise idle CPU cores; the estimate
+from CPU seconds is ~16-18 min (experiments/README.md; 22.3 min timed alone with 400 SFT steps
+and longer turns); `smoke` shrinks every phase to a few steps (a 2-layer, 32-wide model; 4
 min on a loaded box), and the end-to-end test runs exactly it. The recipe's *structure* (4/2/2
 pool mix, gate thresholds, argmin curriculum, GRPO loss settings) is the reference's; only the
-scale shrinks. What makes the world learnable at this scale (experiments/README.md, "What made
-it learnable"): the `stage_tools` action space, a compact tool preamble, 128-wide layers and
-first-action SFT rows over many distinct tasks.
+scale shrinks. What makes the world learnable at this scale (experiments/README.md, "Levers"):
+the `stage_tools` action space with short task ids, a compact tool preamble, 128-wide layers
+and first-action SFT rows over many distinct tasks.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def tiny_qwen3_5_text(
   })
 
 
-SFT_STEPS = 400
+# The SFT loss plateaus by step ~160 (a 250-step probe, experiments/README.md): 400 only cost time.
+SFT_STEPS = 200
 
 # `smoke`: every phase shrunk to a handful of steps, for the end-to-end test (which runs exactly
 # this) and a by-hand check of the whole loop in minutes. Two layers (one DeltaNet, one
@@ -147,9 +148,12 @@ def _rollout(c: ml_collections.ConfigDict) -> None:
   # 1.0, not 0.7: at 0.7 the post-SFT policy's G=4 samples mostly tie (1 of 6 steps applied an
   # update in the seed-0 run; 3 of 6 at 1.0, same cold start; experiments/README.md).
   c.rollout.sampling.temperature = 1.0
-  c.rollout.limits.max_turn_tokens = 96
-  c.rollout.limits.max_assistant_turns = 9
-  c.rollout.limits.max_tool_calls = 8
+  # An expert turn is <= 65 tokens; an E2E episode needs <= 7 calls (recovery: plan, setup,
+  # validate, fix, validate, infer, submit). The post-SFT policy never stops on its own, so
+  # every unneeded turn or token is decoded (and executed) in every cell and rollout.
+  c.rollout.limits.max_turn_tokens = 72
+  c.rollout.limits.max_assistant_turns = 8
+  c.rollout.limits.max_tool_calls = 7
   c.rollout.limits.max_response_tokens = 768
   c.rollout.limits.max_observation_chars = 512
   c.rollout.limits.max_context_tokens = 2048

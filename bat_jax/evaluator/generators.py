@@ -36,6 +36,8 @@ TIERS: tuple[str, ...] = ("lite", "standard")
 GENERATOR_VERSION = "heldout-v1"
 # Spec scaffolding the standard tier withholds (the public workflow still defines all of it).
 STANDARD_WITHHELD: tuple[str, ...] = ("artifacts", "record_fields", "receipt", "known_faults")
+# The held-out half of the stage tools' short ids (toolspace._short_ids); training has 0.
+HELDOUT_ID_PARITY = 1
 
 HELDOUT_NAMES = NamePool(
     salt="heldout-teacher-v1",
@@ -228,6 +230,6 @@ def generate(track: str, seed: int, outcome: str, tier: str,
   instance = dataclasses.replace(base, task_id=task_id, files=files)
   rng = random.Random(f"{digest}|{tier}")
   if action_space == "stage_tools":
-    instance = toolspace.with_stage_tools(instance)
+    instance = toolspace.with_stage_tools(instance, HELDOUT_ID_PARITY)
     return dataclasses.replace(instance, brief=_tools_brief(instance, rng))
   return dataclasses.replace(instance, brief=_brief(instance, tier, rng))

@@ -11,13 +11,22 @@ artifacts and receipts by executed calls.
 `tool_actions(instance, stage)` is the expert in this space: one short call per step, its
 arguments copied from the task facts (`task_facts`) or, for the reactive steps, from what an
 earlier observation names (validate prints `fault=... subject=...`).
+
+The facts a call copies are short task ids (`card: c4; weights: w8; data: d2; ...`; the spec's
+`ids` maps each to the real path or list, and the tools resolve them): a path such as
+`models/helix-seg-4/card.json` is 9-17 pieces to a 1k-token tokenizer, different for every model
+name, while ` c4` is always a letter and one digit, so copying it is one look-up. Each side has
+its own digits (`id_parity`: training even, held-out odd), so training and held-out ids never
+coincide; within a side the digit is drawn per task and kind, so it cannot be memorised.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
+import os
 import shlex
 from typing import Any
 
@@ -46,14 +55,47 @@ def tool_files() -> dict[str, bytes]:
   return {k: v.encode() for k, v in files.items()}
 
 
-def facts(instance: TaskInstance) -> dict[str, Any]:
-  """The values a stage-tools agent needs, all visible in the workspace (no hidden answers)."""
+# The first letter of each kind of short id; the number follows (`_short_ids`).
+ID_LETTERS = {"card": "c", "weights": "w", "data": "d", "validation": "v", "submission": "s"}
+
+
+def _values(instance: TaskInstance) -> dict[str, str]:
+  """The real value behind each short id: paths and the validation ids, all in the workspace."""
   spec = instance.spec
   card = json.loads(instance.files[spec["model"]["card"]])
-  return {"card": spec["model"]["card"], "weights": card["weights"],
-          "data": spec["data"]["dir"], "cases": instance.hidden["n_cases"],
-          "validation": ",".join(spec["validation_case_ids"]),
+  return {"card": spec["model"]["card"],
+          "weights": f"{os.path.dirname(spec['model']['card'])}/{card['weights']}",
+          "data": spec["data"]["dir"], "validation": ",".join(spec["validation_case_ids"]),
           "submission": spec["submission"]["path"]}
+
+
+def _short_ids(task_id: str, id_parity: int) -> dict[str, str]:
+  """kind -> `<letter><digit>`, the digit drawn by (task, kind) among those of parity `id_parity`.
+
+  One digit, not two: a from-scratch 128-wide policy did not learn to copy two-digit ids in 250
+  SFT steps (it emitted one memorised id: exact 1 of 32 validation calls, experiments/README.md),
+  while a sampled one-of-5 digit is right often enough for GRPO groups to differ.
+  """
+  digits = [d for d in range(10) if d % 2 == id_parity]
+  digest = lambda kind: int(hashlib.sha256(f"{task_id}|{kind}".encode()).hexdigest(), 16)
+  return {kind: f"{letter}{digits[digest(kind) % len(digits)]}"
+          for kind, letter in ID_LETTERS.items()}
+
+
+def short_id(instance: TaskInstance, value: Any) -> Any:
+  """The short id standing for `value` in this task (`value` itself when none does)."""
+  inverse = {real: short for short, real in instance.spec.get("ids", {}).items()}
+  return inverse.get(value, value)
+
+
+def facts(instance: TaskInstance) -> dict[str, Any]:
+  """The values a stage-tools agent copies, all visible in the workspace (no hidden answers)."""
+  if instance.action_space != "stage_tools":
+    raise ValueError(f"{instance.task_id} is a {instance.action_space!r} task, not stage_tools")
+  f = {kind: short_id(instance, v) for kind, v in _values(instance).items()}
+  return {"card": f["card"], "weights": f["weights"], "data": f["data"],
+          "cases": instance.hidden["n_cases"], "validation": f["validation"],
+          "submission": f["submission"]}
 
 
 def task_facts(instance: TaskInstance) -> str:
@@ -66,11 +108,18 @@ def task_facts(instance: TaskInstance) -> str:
   return "; ".join(f"{k}: {v}" for k, v in facts(instance).items())
 
 
-def with_stage_tools(instance: TaskInstance) -> TaskInstance:
-  """The stage-tools variant of a `code` task (same task; tools + usage added)."""
+def with_stage_tools(instance: TaskInstance, id_parity: int) -> TaskInstance:
+  """The stage-tools variant of a `code` task (same task; tools, usage and short ids added).
+
+  `id_parity` (0 or 1) picks the side's half of the short-id numbers (`_short_ids`).
+  """
   if instance.action_space != "code":
     raise ValueError(f"{instance.task_id}: already in action space {instance.action_space!r}")
-  spec = dict(instance.spec, stage_tools=dict(workflow.STAGE_TOOLS))
+  if id_parity not in (0, 1):
+    raise ValueError(f"id_parity must be 0 or 1, got {id_parity!r}")
+  values, ids = _values(instance), _short_ids(instance.task_id, id_parity)
+  spec = dict(instance.spec, stage_tools=dict(workflow.STAGE_TOOLS),
+              ids={ids[kind]: values[kind] for kind in ID_LETTERS})
   files = dict(instance.files)
   files.update(tool_files())
   files[A["spec"]] = json.dumps(spec, indent=1, sort_keys=True).encode()
@@ -96,7 +145,7 @@ def tool_actions(instance: TaskInstance, stage: str) -> list[dict[str, Any]]:
   if instance.action_space != "stage_tools":
     raise ValueError(f"{instance.task_id} is a {instance.action_space!r} task, not stage_tools")
   f, hidden, outcome = facts(instance), instance.hidden, instance.outcome
-  fault, subject = hidden["fault"], hidden["fault_subject"]
+  fault, subject = hidden["fault"], short_id(instance, hidden["fault_subject"])
   if stage == "S1":
     return [_call("plan", "Plan from the task facts.", weights=f["weights"], data=f["data"],
                   cases=f["cases"])]

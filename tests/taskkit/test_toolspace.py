@@ -3,6 +3,7 @@ and held-out cell, a null agent 0, and wrongly grounded calls fail or earn what 
 rejects."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,14 @@ def test_actions_are_short_grounded_tool_calls():
   assert all(c.startswith("python tools/") and len(c) < 160 for c in calls), calls
   assert facts["weights"] in calls[0] and facts["card"] in calls[1]
   fix = calls[3]
-  assert inst.hidden["fault"] in fix and str(inst.hidden["fault_subject"]) in fix
+  assert inst.hidden["fault"] in fix
+  assert str(toolspace.short_id(inst, inst.hidden["fault_subject"])) in fix
+  # The copied values are short ids (a letter, a digit) that the spec maps to real values.
+  ids = inst.spec["ids"]
+  assert sorted(facts[k] for k in toolspace.ID_LETTERS) == sorted(ids) and all(
+      re.fullmatch(r"[cwdvs]\d", i) for i in ids), ids
+  assert ids[facts["card"]] == inst.spec["model"]["card"]
+  assert ids[facts["validation"]] == ",".join(inst.spec["validation_case_ids"])
   assert toolspace.task_facts(inst) in inst.brief and "tools/" in inst.brief
   assert set(workflow.STAGE_TOOL_FILES) <= set(inst.files)
   assert inst.spec["stage_tools"] == dict(workflow.STAGE_TOOLS)
@@ -82,7 +90,14 @@ def test_train_and_heldout_differ_but_share_the_tools():
   for rel in workflow.STAGE_TOOL_FILES:
     assert train.files[rel] == held.files[rel]
   tf, hf = toolspace.facts(train), toolspace.facts(held)
-  assert all(tf[k] != hf[k] for k in ("card", "weights", "data", "submission"))
+  assert all(tf[k] != hf[k] for k in ("card", "weights", "data", "validation", "submission"))
+  # Each side draws its short ids from its own digits (training even, held-out odd).
+  parity = lambda f: {int(f[k][1:]) % 2 for k in toolspace.ID_LETTERS}
+  for seed in range(8):
+    assert parity(toolspace.facts(train_tasks.generate("detection", seed, "success",
+                                                       "stage_tools"))) == {0}
+    assert parity(toolspace.facts(generators.generate("detection", seed, "success", "lite",
+                                                      "stage_tools"))) == {1}
   assert train.brief.split("Facts:")[0] != held.brief.split("facts:")[0]
   assert train.task_id != held.task_id and held.task_id.startswith("task-")
 
@@ -142,7 +157,7 @@ def test_receipts_still_need_executed_writes(require_bwrap, tmp_path):
   for a in expert_actions(inst, "S5"):
     assert _run(sb, a["arguments"]["code"]).exit_code == 0
   assert _score(inst, "S5", sb).reward == 1.0
-  target = Path(sb.workspace) / toolspace.facts(inst)["submission"]
+  target = Path(sb.workspace) / inst.spec["submission"]["path"]
   target.write_text(target.read_text() + "\n")  # outside any executed call
   assert _score(inst, "S5", sb).reward < 1.0
   assert json.loads((Path(sb.workspace) / workflow.ARTIFACTS["spec"]).read_text())[

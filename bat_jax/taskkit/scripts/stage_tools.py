@@ -2,15 +2,16 @@
 
 Each command does one stage's heavy lifting by executed code and writes the artifacts and
 receipts of the public contract; its arguments carry the decisions. Values come from the brief
-(weights file, data folder, case count, card path, validation ids, submission path) or, for the
+(weights, data folder, case count, card, validation ids, submission: short ids such as `w12`
+that the spec's `ids` maps to the real path or list; the real value works too) or, for the
 reactive steps, from an earlier observation (the fault and subject `validate` names):
 
-  python tools/plan.py --weights FILE --data DIR --cases N
-  python tools/setup.py --card PATH
-  python tools/validate.py --cases ID1,ID2
+  python tools/plan.py --weights W --data D --cases N
+  python tools/setup.py --card C
+  python tools/validate.py --cases V
   python tools/fix.py --fault FAULT --subject SUBJECT
-  python tools/infer.py --data DIR          | python tools/infer.py --blocked FAULT
-  python tools/submit.py --to PATH          | python tools/submit.py --failed FAULT --subject S
+  python tools/infer.py --data D            | python tools/infer.py --blocked FAULT
+  python tools/submit.py --to S             | python tools/submit.py --failed FAULT --subject S
 
 A call whose arguments do not fit the workspace exits non-zero (so it leaves no evidence) or
 writes exactly what it was told, which the rubric then rejects. Exit code 0 means done.
@@ -51,6 +52,16 @@ def _json(path):
     raise ToolError("cannot read %s: %s" % (path, e)) from None
 
 
+def _resolve(value):
+  """The real path / list a short id of the spec's `ids` stands for (else `value` itself)."""
+  return _json(SPEC).get("ids", {}).get(value, value) if value else value
+
+
+def _short(value):
+  """The short id standing for `value`, for what the tools print (else `value` itself)."""
+  return {v: k for k, v in _json(SPEC).get("ids", {}).items()}.get(value, value)
+
+
 def _index_ids(config):
   with open(config["index"], encoding="utf-8", newline="") as f:
     return [r["case_id"] for r in csv.DictReader(f)]
@@ -88,16 +99,17 @@ results count only from executed code and receipts.
 def plan(args):
   spec = _json(SPEC)
   text = PLAN.format(task_id=spec["task_id"], track=spec["track"], objective=spec["objective"],
-                     schema=spec["prediction_schema"]["type"], weights=args.weights,
-                     card=spec["model"]["card"], data=args.data, cases=args.cases,
+                     schema=spec["prediction_schema"]["type"], weights=_resolve(args.weights),
+                     card=spec["model"]["card"], data=_resolve(args.data), cases=args.cases,
                      predictions=PREDICTIONS, submission=spec["submission"]["path"])
   atomic_write_text("plan/plan.md", text)
   print("plan/plan.md written (%d chars)" % len(text))
 
 
 def setup(args):
-  card = _json(args.card)
-  model_dir = os.path.dirname(args.card)
+  card_path = _resolve(args.card)
+  card = _json(card_path)
+  model_dir = os.path.dirname(card_path)
   modules = {m: importlib.util.find_spec(m) is not None for m in card["requires"]}
   atomic_write_json("setup/environment.json", {"python": platform.python_version(),
                                                "modules": modules, "ready": all(modules.values())})
@@ -127,7 +139,7 @@ def setup(args):
     shutil.copyfile(os.path.join(LIB, name), os.path.join("pipeline", name) + ".tmp")
     os.replace(os.path.join("pipeline", name) + ".tmp", os.path.join("pipeline", name))
   spec = _json(SPEC)
-  atomic_write_json(CONFIG, {"card": args.card, "weights": weights, "exclude": [],
+  atomic_write_json(CONFIG, {"card": card_path, "weights": weights, "exclude": [],
                              "runner": os.path.join(model_dir, card["runner"]["entry"]),
                              "data_dir": spec["data"]["dir"], "index": spec["data"]["index"],
                              "intensity_scale": card["preprocess"]["intensity_scale"]})
@@ -138,7 +150,7 @@ def setup(args):
 
 def validate(args):
   config, spec = _json(CONFIG), _json(SPEC)
-  cases = [c for c in args.cases.split(",") if c]
+  cases = [c for c in _resolve(args.cases).split(",") if c]
   unknown = sorted(set(cases) - set(_index_ids(config)))
   if not cases or unknown:
     raise ToolError("unknown case ids: %s" % (", ".join(unknown) or "(none given)"))
@@ -147,8 +159,11 @@ def validate(args):
   schema = spec["prediction_schema"]
   found = diagnose(result, schema, config, _json(config["card"]))
   if found["fault"] is not None:
+    subject = _short(found["subject"])
+    if subject != found["subject"]:
+      found = dict(found, subject_id=subject)
     atomic_write_json(DIAGNOSIS, found)
-    print("fault=%s subject=%s recoverable=%s" % (found["fault"], found["subject"],
+    print("fault=%s subject=%s recoverable=%s" % (found["fault"], subject,
                                                   "yes" if found["recoverable"] else "no"))
     return
   preds = [r["prediction"] for r in result["records"] if "prediction" in r]
@@ -164,6 +179,7 @@ def validate(args):
 
 def fix(args):
   config = _json(CONFIG)
+  args.subject = _resolve(args.subject)
   if args.fault == "corrupted_case":
     if args.subject not in _index_ids(config):
       raise ToolError("no case %r in the index" % args.subject)
@@ -205,6 +221,7 @@ def infer(args):
     print("inference blocked by %s; no predictions written" % args.blocked)
     return
   config = _json(CONFIG)
+  args.data = _resolve(args.data)
   if not args.data or os.path.normpath(args.data) != os.path.normpath(config["data_dir"]):
     raise ToolError("--data %r is not the pipeline's data folder" % args.data)
   run = _pipeline(PREDICTIONS)
@@ -233,13 +250,14 @@ def _handed_files():
 def submit(args):
   if args.failed:
     diagnosis = _json(DIAGNOSIS) if os.path.exists(DIAGNOSIS) else {}
-    report = {"status": "failed", "fault": args.failed, "subject": args.subject,
+    report = {"status": "failed", "fault": args.failed, "subject": _resolve(args.subject),
               "reason": diagnosis.get("evidence", ""), "predictions_submitted": 0}
     atomic_write_json("submission/failure_report.json", report)
     write_receipt("submission/receipt.json", "S5", _handed_files(),
                   {"status": "failed", "fault": args.failed})
     print("failure report handed off: %s (%s)" % (args.failed, args.subject))
     return
+  args.to = _resolve(args.to)
   if not args.to or not os.path.normpath(args.to).startswith("submission" + os.sep):
     raise ToolError("--to must be a path under submission/, got %r" % args.to)
   spec, config = _json(SPEC), _json(CONFIG)
