@@ -20,6 +20,7 @@ activations cannot leak), which leaves the state exactly unchanged.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -105,6 +106,48 @@ def unit_lower_inverse(a: jax.Array) -> jax.Array:
   return inverse
 
 
+def _block_rows(i: int, block: int) -> slice:
+  return slice(i * block, (i + 1) * block)
+
+
+def _forward_substitution(a: jax.Array, rhs: jax.Array, diag_inverse: jax.Array,
+                          block: int) -> jax.Array:
+  """(I + A)^-1 rhs by block rows: X_i = T_ii (R_i - A_i,<i X_<i), T_ii = diag_inverse[i]."""
+  hi = jax.lax.Precision.HIGHEST
+  solved = []
+  for i in range(diag_inverse.shape[-3]):
+    r = rhs[..., _block_rows(i, block), :]
+    if i:
+      done = jnp.concatenate(solved, axis=-2)  # [..., i * block, D]
+      r = r - jnp.matmul(a[..., _block_rows(i, block), :i * block], done, precision=hi)
+    solved.append(jnp.matmul(diag_inverse[..., i, :, :], r, precision=hi))
+  return jnp.concatenate(solved, axis=-2)
+
+
+def _backward_substitution(a: jax.Array, rhs: jax.Array, diag_inverse: jax.Array,
+                           block: int) -> jax.Array:
+  """(I + A)^-T rhs by block rows from the last: Y_i = T_ii^T (R_i - (A_>i,i)^T Y_>i)."""
+  hi = jax.lax.Precision.HIGHEST
+  n = diag_inverse.shape[-3]
+  solved = []  # block rows i+1 .. n-1, in order
+  for i in reversed(range(n)):
+    r = rhs[..., _block_rows(i, block), :]
+    if solved:
+      done = jnp.concatenate(solved, axis=-2)  # [..., (n - 1 - i) * block, D]
+      below = a[..., (i + 1) * block:, _block_rows(i, block)]
+      r = r - jnp.einsum("...ji,...jd->...id", below, done, precision=hi)
+    solved.insert(0, jnp.einsum("...ji,...jd->...id", diag_inverse[..., i, :, :], r,
+                                precision=hi))
+  return jnp.concatenate(solved, axis=-2)
+
+
+def _diag_inverse(a: jax.Array, block: int) -> jax.Array:
+  """Inverses of the [block, block] diagonal blocks of I + A: [..., C / block, block, block]."""
+  n = a.shape[-1] // block
+  return unit_lower_inverse(
+      jnp.stack([a[..., _block_rows(i, block), _block_rows(i, block)] for i in range(n)], -3))
+
+
 def unit_lower_solve(a: jax.Array, rhs: jax.Array, block: int = 16) -> jax.Array:
   """(I + A)^-1 rhs for strictly lower-triangular A [..., C, C] and rhs [..., C, D].
 
@@ -117,23 +160,40 @@ def unit_lower_solve(a: jax.Array, rhs: jax.Array, block: int = 16) -> jax.Array
   diagonal blocks are ever inverted, so for C = 64 this is ~12x fewer flops than inverting the
   whole chunk (2 log2 C full [C, C] matmuls) and it never forms (I + A)^-1; forward
   substitution is as stable as the triangular solve it is.
+
+  The VJP is the triangular solve's own (not autodiff through the substitution and the
+  block inverses): with X = (I + A)^-1 R, dR = (I + A)^-T dX by the same blocked
+  substitution run from the last block row with the forward's block inverses, and
+  dA = -dR X^T on the strict lower triangle.
   """
   c = a.shape[-1]
   block = min(block, c)
   if c % block:
     raise ValueError(f"chunk size {c} is not a multiple of the solve block {block}")
-  hi = jax.lax.Precision.HIGHEST
-  rows = lambda i: slice(i * block, (i + 1) * block)
-  diag = jnp.stack([a[..., rows(i), rows(i)] for i in range(c // block)], axis=-3)
-  diag_inverse = unit_lower_inverse(diag)  # [..., C / block, block, block]
-  solved = []
-  for i in range(c // block):
-    r = rhs[..., rows(i), :]
-    if i:
-      done = jnp.concatenate(solved, axis=-2)  # [..., i * block, D]
-      r = r - jnp.matmul(a[..., rows(i), :i * block], done, precision=hi)
-    solved.append(jnp.matmul(diag_inverse[..., i, :, :], r, precision=hi))
-  return jnp.concatenate(solved, axis=-2)
+  return _solve(a, rhs, block)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _solve(a: jax.Array, rhs: jax.Array, block: int) -> jax.Array:
+  return _forward_substitution(a, rhs, _diag_inverse(a, block), block)
+
+
+def _solve_fwd(a, rhs, block):
+  diag_inverse = _diag_inverse(a, block)
+  x = _forward_substitution(a, rhs, diag_inverse, block)
+  return x, (a, diag_inverse, x)
+
+
+def _solve_bwd(block, saved, dx):
+  a, diag_inverse, x = saved
+  d_rhs = _backward_substitution(a, dx, diag_inverse, block)
+  c = a.shape[-1]
+  strict_lower = np.tril(np.ones((c, c), bool), -1)
+  d_a = -jnp.einsum("...id,...jd->...ij", d_rhs, x, precision=jax.lax.Precision.HIGHEST)
+  return jnp.where(strict_lower, d_a, 0.0), d_rhs
+
+
+_solve.defvjp(_solve_fwd, _solve_bwd)
 
 
 def _chunk_group(state: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
