@@ -200,14 +200,18 @@ def _chunk_group(state: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, g: 
                  beta: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Gated delta rule over a group of G full chunks of C tokens.
 
+  Chunk-major layout: the scan over the group's chunks takes its inputs and gives its output
+  along the leading axis as they are, with no transposes in and out of the loop (nor their
+  transposes in the backward).
+
   Args:
     state: [B, H, Dk, Dv] fp32 state before the group.
-    q, k: [B, H, G, C, Dk]; v: [B, H, G, C, Dv]; g, beta: [B, H, G, C] (fp32).
+    q, k: [G, B, H, C, Dk]; v: [G, B, H, C, Dv]; g, beta: [G, B, H, C] (fp32).
   Returns:
-    (state after the group, out [B, H, G, C, Dv]).
+    (state after the group, out [G, B, H, C, Dv]).
   """
   c = q.shape[-2]
-  g_cum = jnp.cumsum(g, axis=-1)  # [B, H, G, C] log decay from chunk start
+  g_cum = jnp.cumsum(g, axis=-1)  # [G, B, H, C] log decay from chunk start
   incl_lower = jnp.tril(jnp.ones((c, c), dtype=bool))
   strict_lower = jnp.tril(jnp.ones((c, c), dtype=bool), -1)
   diff = g_cum[..., :, None] - g_cum[..., None, :]  # [.., i, j] decay from j to i
@@ -226,7 +230,7 @@ def _chunk_group(state: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, g: 
   intra = mm("...ik,...jk->...ij", q, k) * decay  # causal within the chunk
   q_decayed = q * jnp.exp(g_cum)[..., None]
   k_to_end = k * jnp.exp(g_cum[..., -1:] - g_cum)[..., None]
-  chunk_decay = jnp.exp(g_cum[..., -1])  # [B, H, G]
+  chunk_decay = jnp.exp(g_cum[..., -1])  # [G, B, H]
 
   def step(s, inputs):
     u_i, w_i, q_i, k_i, intra_i, decay_i = inputs
@@ -235,9 +239,7 @@ def _chunk_group(state: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, g: 
     s = s * decay_i[..., None, None] + mm("bhck,bhcv->bhkv", k_i, v_new)
     return s, out
 
-  xs = tuple(jnp.moveaxis(a, 2, 0) for a in (u, w, q_decayed, k_to_end, intra, chunk_decay))
-  state, out = jax.lax.scan(step, state, xs)  # out: [G, B, H, C, Dv]
-  return state, jnp.moveaxis(out, 0, 2)
+  return jax.lax.scan(step, state, (u, w, q_decayed, k_to_end, intra, chunk_decay))
 
 
 def gated_delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
@@ -276,16 +278,17 @@ def gated_delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Ar
     q, k, v = (jnp.pad(a, ((0, 0), (0, pad), (0, 0), (0, 0))) for a in (q, k, v))
     g, beta = (jnp.pad(a, ((0, 0), (0, pad), (0, 0))) for a in (g, beta))
 
-  def groups(a):  # [B, T, H, ...] -> [NG, B, H, G, C, ...]
-    a = jnp.moveaxis(a, 2, 1)
-    return jnp.moveaxis(a.reshape(a.shape[:2] + (num_groups, group, c) + a.shape[3:]), 2, 0)
+  def groups(a):  # [B, T, H, ...] -> [NG, G, B, H, C, ...]: one transpose
+    a = a.reshape((b, num_groups, group, c) + a.shape[2:])
+    return jnp.moveaxis(a, (1, 2, 0, 4, 3), (0, 1, 2, 3, 4))
 
   body = lambda s, xs: _chunk_group(s, *xs)
   if num_groups > 1:
     body = jax.checkpoint(body)
   state, out = jax.lax.scan(body, state, tuple(groups(a) for a in (q, k, v, g, beta)))
-  out = jnp.moveaxis(out, 0, 2).reshape(b, h, num_groups * group * c, dv)[:, :, :t]
-  return jnp.moveaxis(out, 1, 2), state
+  # [NG, G, B, H, C, Dv] -> [B, NG, G, C, H, Dv] -> [B, T, H, Dv]: one transpose.
+  out = jnp.moveaxis(out, (0, 1, 2, 3, 4), (1, 2, 0, 4, 3))
+  return out.reshape(b, num_groups * group * c, h, dv)[:, :t], state
 
 
 def causal_conv(x: jax.Array, weight: jax.Array, history: jax.Array) -> jax.Array:
