@@ -196,9 +196,6 @@ def _solve_bwd(block, saved, dx):
 _solve.defvjp(_solve_fwd, _solve_bwd)
 
 
-_UNROLLED_CHUNKS = 4  # chunk groups up to this size are unrolled (see `_chunk_group`)
-
-
 def _chunk_group(state: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
                  beta: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Gated delta rule over a group of G full chunks of C tokens.
@@ -242,12 +239,7 @@ def _chunk_group(state: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, g: 
     s = s * decay_i[..., None, None] + mm("bhck,bhcv->bhkv", k_i, v_new)
     return s, out
 
-  # A group of a few chunks runs straight-line (no loop: XLA:CPU schedules and fuses across the
-  # hand-offs, ~10% less kernel CPU time at 4 chunks); long groups keep the rolled loop, so
-  # long-sequence programs (the 9B plan) stay as compact as before.
-  group = q.shape[0]
-  return jax.lax.scan(step, state, (u, w, q_decayed, k_to_end, intra, chunk_decay),
-                      unroll=group if group <= _UNROLLED_CHUNKS else 1)
+  return jax.lax.scan(step, state, (u, w, q_decayed, k_to_end, intra, chunk_decay))
 
 
 def gated_delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
