@@ -20,6 +20,7 @@ activations cannot leak), which leaves the state exactly unchanged.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -105,6 +106,48 @@ def unit_lower_inverse(a: jax.Array) -> jax.Array:
   return inverse
 
 
+def _block_rows(i: int, block: int) -> slice:
+  return slice(i * block, (i + 1) * block)
+
+
+def _forward_substitution(a: jax.Array, rhs: jax.Array, diag_inverse: jax.Array,
+                          block: int) -> jax.Array:
+  """(I + A)^-1 rhs by block rows: X_i = T_ii (R_i - A_i,<i X_<i), T_ii = diag_inverse[i]."""
+  hi = jax.lax.Precision.HIGHEST
+  solved = []
+  for i in range(diag_inverse.shape[-3]):
+    r = rhs[..., _block_rows(i, block), :]
+    if i:
+      done = jnp.concatenate(solved, axis=-2)  # [..., i * block, D]
+      r = r - jnp.matmul(a[..., _block_rows(i, block), :i * block], done, precision=hi)
+    solved.append(jnp.matmul(diag_inverse[..., i, :, :], r, precision=hi))
+  return jnp.concatenate(solved, axis=-2)
+
+
+def _backward_substitution(a: jax.Array, rhs: jax.Array, diag_inverse: jax.Array,
+                           block: int) -> jax.Array:
+  """(I + A)^-T rhs by block rows from the last: Y_i = T_ii^T (R_i - (A_>i,i)^T Y_>i)."""
+  hi = jax.lax.Precision.HIGHEST
+  n = diag_inverse.shape[-3]
+  solved = []  # block rows i+1 .. n-1, in order
+  for i in reversed(range(n)):
+    r = rhs[..., _block_rows(i, block), :]
+    if solved:
+      done = jnp.concatenate(solved, axis=-2)  # [..., (n - 1 - i) * block, D]
+      below = a[..., (i + 1) * block:, _block_rows(i, block)]
+      r = r - jnp.einsum("...ji,...jd->...id", below, done, precision=hi)
+    solved.insert(0, jnp.einsum("...ji,...jd->...id", diag_inverse[..., i, :, :], r,
+                                precision=hi))
+  return jnp.concatenate(solved, axis=-2)
+
+
+def _diag_inverse(a: jax.Array, block: int) -> jax.Array:
+  """Inverses of the [block, block] diagonal blocks of I + A: [..., C / block, block, block]."""
+  n = a.shape[-1] // block
+  return unit_lower_inverse(
+      jnp.stack([a[..., _block_rows(i, block), _block_rows(i, block)] for i in range(n)], -3))
+
+
 def unit_lower_solve(a: jax.Array, rhs: jax.Array, block: int = 16) -> jax.Array:
   """(I + A)^-1 rhs for strictly lower-triangular A [..., C, C] and rhs [..., C, D].
 
@@ -117,37 +160,58 @@ def unit_lower_solve(a: jax.Array, rhs: jax.Array, block: int = 16) -> jax.Array
   diagonal blocks are ever inverted, so for C = 64 this is ~12x fewer flops than inverting the
   whole chunk (2 log2 C full [C, C] matmuls) and it never forms (I + A)^-1; forward
   substitution is as stable as the triangular solve it is.
+
+  The VJP is the triangular solve's own (not autodiff through the substitution and the
+  block inverses): with X = (I + A)^-1 R, dR = (I + A)^-T dX by the same blocked
+  substitution run from the last block row with the forward's block inverses, and
+  dA = -dR X^T on the strict lower triangle.
   """
   c = a.shape[-1]
   block = min(block, c)
   if c % block:
     raise ValueError(f"chunk size {c} is not a multiple of the solve block {block}")
-  hi = jax.lax.Precision.HIGHEST
-  rows = lambda i: slice(i * block, (i + 1) * block)
-  diag = jnp.stack([a[..., rows(i), rows(i)] for i in range(c // block)], axis=-3)
-  diag_inverse = unit_lower_inverse(diag)  # [..., C / block, block, block]
-  solved = []
-  for i in range(c // block):
-    r = rhs[..., rows(i), :]
-    if i:
-      done = jnp.concatenate(solved, axis=-2)  # [..., i * block, D]
-      r = r - jnp.matmul(a[..., rows(i), :i * block], done, precision=hi)
-    solved.append(jnp.matmul(diag_inverse[..., i, :, :], r, precision=hi))
-  return jnp.concatenate(solved, axis=-2)
+  return _solve(a, rhs, block)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _solve(a: jax.Array, rhs: jax.Array, block: int) -> jax.Array:
+  return _forward_substitution(a, rhs, _diag_inverse(a, block), block)
+
+
+def _solve_fwd(a, rhs, block):
+  diag_inverse = _diag_inverse(a, block)
+  x = _forward_substitution(a, rhs, diag_inverse, block)
+  return x, (a, diag_inverse, x)
+
+
+def _solve_bwd(block, saved, dx):
+  a, diag_inverse, x = saved
+  d_rhs = _backward_substitution(a, dx, diag_inverse, block)
+  c = a.shape[-1]
+  strict_lower = np.tril(np.ones((c, c), bool), -1)
+  d_a = -jnp.einsum("...id,...jd->...ij", d_rhs, x, precision=jax.lax.Precision.HIGHEST)
+  return jnp.where(strict_lower, d_a, 0.0), d_rhs
+
+
+_solve.defvjp(_solve_fwd, _solve_bwd)
 
 
 def _chunk_group(state: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
                  beta: jax.Array) -> tuple[jax.Array, jax.Array]:
   """Gated delta rule over a group of G full chunks of C tokens.
 
+  Chunk-major layout: the scan over the group's chunks takes its inputs and gives its output
+  along the leading axis as they are, with no transposes in and out of the loop (nor their
+  transposes in the backward).
+
   Args:
     state: [B, H, Dk, Dv] fp32 state before the group.
-    q, k: [B, H, G, C, Dk]; v: [B, H, G, C, Dv]; g, beta: [B, H, G, C] (fp32).
+    q, k: [G, B, H, C, Dk]; v: [G, B, H, C, Dv]; g, beta: [G, B, H, C] (fp32).
   Returns:
-    (state after the group, out [B, H, G, C, Dv]).
+    (state after the group, out [G, B, H, C, Dv]).
   """
   c = q.shape[-2]
-  g_cum = jnp.cumsum(g, axis=-1)  # [B, H, G, C] log decay from chunk start
+  g_cum = jnp.cumsum(g, axis=-1)  # [G, B, H, C] log decay from chunk start
   incl_lower = jnp.tril(jnp.ones((c, c), dtype=bool))
   strict_lower = jnp.tril(jnp.ones((c, c), dtype=bool), -1)
   diff = g_cum[..., :, None] - g_cum[..., None, :]  # [.., i, j] decay from j to i
@@ -166,7 +230,7 @@ def _chunk_group(state: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, g: 
   intra = mm("...ik,...jk->...ij", q, k) * decay  # causal within the chunk
   q_decayed = q * jnp.exp(g_cum)[..., None]
   k_to_end = k * jnp.exp(g_cum[..., -1:] - g_cum)[..., None]
-  chunk_decay = jnp.exp(g_cum[..., -1])  # [B, H, G]
+  chunk_decay = jnp.exp(g_cum[..., -1])  # [G, B, H]
 
   def step(s, inputs):
     u_i, w_i, q_i, k_i, intra_i, decay_i = inputs
@@ -175,9 +239,7 @@ def _chunk_group(state: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, g: 
     s = s * decay_i[..., None, None] + mm("bhck,bhcv->bhkv", k_i, v_new)
     return s, out
 
-  xs = tuple(jnp.moveaxis(a, 2, 0) for a in (u, w, q_decayed, k_to_end, intra, chunk_decay))
-  state, out = jax.lax.scan(step, state, xs)  # out: [G, B, H, C, Dv]
-  return state, jnp.moveaxis(out, 0, 2)
+  return jax.lax.scan(step, state, (u, w, q_decayed, k_to_end, intra, chunk_decay))
 
 
 def gated_delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
@@ -216,16 +278,17 @@ def gated_delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Ar
     q, k, v = (jnp.pad(a, ((0, 0), (0, pad), (0, 0), (0, 0))) for a in (q, k, v))
     g, beta = (jnp.pad(a, ((0, 0), (0, pad), (0, 0))) for a in (g, beta))
 
-  def groups(a):  # [B, T, H, ...] -> [NG, B, H, G, C, ...]
-    a = jnp.moveaxis(a, 2, 1)
-    return jnp.moveaxis(a.reshape(a.shape[:2] + (num_groups, group, c) + a.shape[3:]), 2, 0)
+  def groups(a):  # [B, T, H, ...] -> [NG, G, B, H, C, ...]: one transpose
+    a = a.reshape((b, num_groups, group, c) + a.shape[2:])
+    return jnp.moveaxis(a, (1, 2, 0, 4, 3), (0, 1, 2, 3, 4))
 
   body = lambda s, xs: _chunk_group(s, *xs)
   if num_groups > 1:
     body = jax.checkpoint(body)
   state, out = jax.lax.scan(body, state, tuple(groups(a) for a in (q, k, v, g, beta)))
-  out = jnp.moveaxis(out, 0, 2).reshape(b, h, num_groups * group * c, dv)[:, :, :t]
-  return jnp.moveaxis(out, 1, 2), state
+  # [NG, G, B, H, C, Dv] -> [B, NG, G, C, H, Dv] -> [B, T, H, Dv]: one transpose.
+  out = jnp.moveaxis(out, (0, 1, 2, 3, 4), (1, 2, 0, 4, 3))
+  return out.reshape(b, num_groups * group * c, h, dv)[:, :t], state
 
 
 def causal_conv(x: jax.Array, weight: jax.Array, history: jax.Array) -> jax.Array:
