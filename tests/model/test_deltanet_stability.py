@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bat_jax.model.deltanet import (gated_delta_rule_chunked, gated_delta_rule_recurrent,
-                                    unit_lower_inverse)
+                                    unit_lower_inverse, unit_lower_solve)
 from deltanet_cases import CASES, make_inputs, reference_recurrence
 
 TOL = 1e-4
@@ -92,3 +92,24 @@ def test_gradients_are_finite_and_match_recurrent(name):
     assert np.isfinite(g_c).all(), name_
     scale = max(1.0, float(jnp.abs(g_r).max()))
     assert float(jnp.abs(g_c - g_r).max()) <= 1e-3 * scale, name_
+
+
+@pytest.mark.parametrize("block", [4, 16])
+def test_unit_lower_solve_gradients_equal_the_dense_solve(block):
+  """The solve's hand-written VJP against autodiff through a dense solve, in float64, on the
+  regime that broke the old inverse: near-identical unit keys with beta -> 1."""
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(0)
+    c, d = 32, 8
+    keys = 1.0 + 1e-3 * rng.normal(size=(2, c, d))
+    keys /= np.linalg.norm(keys, axis=-1, keepdims=True)
+    a = jnp.asarray(0.999 * np.tril(keys @ keys.transpose(0, 2, 1), -1))   # [2, C, C]
+    rhs = jnp.asarray(rng.normal(size=(2, c, d)))
+    weights = jnp.asarray(rng.normal(size=(2, c, d)))
+    dense = lambda a, r: jnp.linalg.solve(jnp.eye(c) + a, r)
+    want = jax.grad(lambda a, r: (weights * dense(a, r)).sum(), (0, 1))(a, rhs)
+    got = jax.grad(lambda a, r: (weights * unit_lower_solve(a, r, block)).sum(), (0, 1))(a, rhs)
+    strict = np.tril(np.ones((c, c), bool), -1)
+    assert np.abs(np.asarray(got[0]) - np.where(strict, want[0], 0.0)).max() <= 1e-9
+    assert np.abs(np.asarray(got[1]) - np.asarray(want[1])).max() <= 1e-9
+    assert np.all(np.asarray(got[0])[:, ~strict] == 0.0)  # no gradient off the strict triangle
