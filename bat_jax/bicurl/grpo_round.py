@@ -70,9 +70,14 @@ def grpo_config(cfg: RunConfig) -> GrpoConfig:
 
 
 def bucket_length(longest: int, cap: int) -> int:
-  """Padded batch length: the next power of two (>= MIN_BUCKET), at most `cap`, so a round
-  compiles a few step shapes rather than one per batch."""
-  return min(cap, max(MIN_BUCKET, 1 << max(0, math.ceil(math.log2(max(longest, 1))))))
+  """Padded batch length: the next power of two or 1.5x power of two (>= MIN_BUCKET), at most
+  `cap`, so a round compiles a few step shapes rather than one per batch. The half steps cap
+  padding at 1.5x the longest row (2x with powers alone): tiny-config rollouts of ~1,400
+  tokens pad to 1,536, not 2,048."""
+  power = 1 << max(0, math.ceil(math.log2(max(longest, 1))))
+  half_step = 3 * power // 4
+  length = half_step if longest <= half_step and power >= 4 else power
+  return min(cap, max(MIN_BUCKET, length))
 
 
 def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConfig,

@@ -31,11 +31,17 @@ def _traj(state_id: str, reward: float, n: int = 5) -> Trajectory:
                     finish_reason="agent_stop")
 
 
-def test_bucket_length_is_a_power_of_two_within_the_cap():
+def test_bucket_length_is_a_power_of_two_or_a_half_step_within_the_cap():
   assert bucket_length(1, 4096) == 128
-  assert bucket_length(129, 4096) == 256
+  assert bucket_length(129, 4096) == 192
+  assert bucket_length(193, 4096) == 256
   assert bucket_length(1024, 4096) == 1024
+  assert bucket_length(1025, 4096) == 1536   # a tiny-config rollout (~1,400 tokens)
+  assert bucket_length(1537, 4096) == 2048
   assert bucket_length(3000, 2048) == 2048
+  lengths = range(1, 5000)
+  # At most 1.5x the longest row (powers of two alone: 2x), and never fewer positions.
+  assert all(n <= bucket_length(n, 8192) <= max(128, 1.5 * n) for n in lengths)
 
 
 def test_rollout_batch_advantages_stay_within_each_state_id():
