@@ -138,6 +138,28 @@ def collect(root: Path, modes: Sequence[str], seeds: Sequence[int]) -> dict[str,
   return out
 
 
+def _final_overall(report: dict[str, Any]) -> float:
+  return report["evaluations"][-1]["overall"]
+
+
+def final_table(reports: dict[str, Any], reference: str = "uniform") -> list[str]:
+  """Final held-out overall per mode, its gain over the mode's own SFT policy, and the paired
+  difference to `reference` over the seeds both finished (same cold start, so the pairing
+  removes the seed's SFT luck from the comparison)."""
+  lines = ["## Final held-out overall per mode", "",
+           f"| mode | seeds | final overall | final - SFT | final - {reference} (paired) |",
+           "|---|---:|---:|---:|---:|"]
+  base = reports.get(reference, {})
+  for mode, by_seed in reports.items():
+    finals = [_final_overall(r) for r in by_seed.values()]
+    gains = [_final_overall(r) - r["evaluations"][0]["overall"] for r in by_seed.values()]
+    paired = [_final_overall(r) - _final_overall(base[s]) for s, r in by_seed.items()
+              if s in base]
+    lines.append(f"| {mode} | {len(finals)} | {_pm(finals)} | {_pm(gains)} | "
+                 f"{_pm(paired) if mode != reference else '-'} |")
+  return lines + [""]
+
+
 def markdown(reports: dict[str, Any]) -> str:
   keys = ["overall", *workflow.STAGES]
   lines = ["# Tiny study: held-out scores, mean ± standard error over seeds", "",
@@ -152,7 +174,8 @@ def markdown(reports: dict[str, Any]) -> str:
           [_pm([e["stage_scores"][s] for e in evals]) for s in workflow.STAGES]
       lines.append(f"| {mode} | {len(evals)} | {evals[0]['policy']} | "
                    f"{'/'.join(map(str, steps))} | " + " | ".join(cells) + " |")
-  lines += ["", "## Each round's target stage, before and after its round", "",
+  lines += [""] + final_table(reports)
+  lines += ["## Each round's target stage, before and after its round", "",
             "| mode | round | targets (per seed) | before | after | after - before |",
             "|---|---:|---|---:|---:|---:|"]
   for mode, by_seed in reports.items():

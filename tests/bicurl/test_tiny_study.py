@@ -52,3 +52,14 @@ def test_table_has_mean_and_standard_error_over_seeds():
   assert "| argmin | 2 | round_000000 | 2 | 0.500 ± 0.100 |" in md
   assert "| argmin | 0 | S3,S3 | 0.200 ± 0.100 | 0.500 ± 0.000 | 0.300 ± 0.100 |" in md
   assert "| argmin | 1 | 0.300 | 1 of 2 |" in md
+
+
+def test_final_table_pairs_each_mode_with_uniform_by_seed():
+  reports = {"argmin": {0: _report([0.2, 0.5], [0.1, 0.5], 2),
+                        1: _report([0.4, 0.6], [0.3, 0.5], 2),
+                        2: _report([0.1, 0.9], [0.3, 0.5], 2)},   # no uniform run: not paired
+             "uniform": {0: _report([0.2, 0.3], [0.1, 0.2], 2),
+                         1: _report([0.4, 0.6], [0.3, 0.3], 2)}}
+  md = tiny_study.markdown(reports)
+  assert "| argmin | 3 | 0.667 ± 0.120 | 0.433 ± 0.186 | 0.100 ± 0.100 |" in md
+  assert "| uniform | 2 | 0.450 ± 0.150 | 0.150 ± 0.050 | - |" in md
