@@ -181,6 +181,8 @@ def _check_training(ck: _Checker) -> None:
   ck.that("sft.bucket_lengths", lambda v: all(isinstance(b, int) and b > 0 for b in v),
           "a tuple of ints > 0")
   ck.fraction("sft.validation_fraction")
+  ck.that("sft.context_loss_weight", lambda v: isinstance(v, (int, float)) and v >= 0,
+          "a number >= 0")
   ck.divides("sft.global_batch_size", "sft.micro_batches")
 
   ck.positive("grpo.rounds", "grpo.steps_per_round", "grpo.prompt_groups",

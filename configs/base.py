@@ -169,6 +169,9 @@ def sft_config() -> ml_collections.ConfigDict:
   s.first_action_tasks = 0
   s.remat = "full"
   s.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3})
+  # > 0 adds a next-token loss on the context (prompt, earlier turns, observations) at this
+  # weight to the target action's (bat_jax.sft.sft_loss_fn); not in the release.
+  s.context_loss_weight = 0.0
   return s
 
 

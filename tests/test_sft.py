@@ -59,6 +59,17 @@ def test_sft_mask_covers_only_the_target_action(tmp_path):
   assert float(den) == mask.sum()
   repadded = {**batch, "input_ids": batch["input_ids"].at[0, len(ids):].set(5)}
   assert float(loss_fn(repadded)[0]) == float(num)
+  # With a context weight w, every other real token after the first adds w * its NLL.
+  with_context = jax.jit(lambda b: sft_loss_fn(chunk_size=8, context_weight=0.5)(model, b, None))
+  num_c, den_c, metrics = with_context(batch)
+  context = (padded["valid"][1:] == 1) & (padded["loss_mask"][1:] == 0)
+  want_context = -np.asarray(logp)[context].sum()
+  np.testing.assert_allclose(float(num_c), want + 0.5 * want_context, rtol=1e-5)
+  assert float(den_c) == mask.sum() + 0.5 * context.sum()
+  assert float(metrics["nll_sum"]) == float(num) and float(metrics["tokens"]) == mask.sum()
+  assert float(with_context(repadded)[0]) == float(num_c)   # padding still carries nothing
+  with pytest.raises(ValueError, match="context_weight must be >= 0"):
+    sft_loss_fn(context_weight=-1.0)
 
 
 def test_bad_examples_name_the_problem():

@@ -122,6 +122,7 @@ def _cold_start(cfg: RunConfig, paths: RunPaths, chat_format: ChatFormat,
       bucket_lengths=tuple(cfg.sft.bucket_lengths), seed=cfg.seed,
       checkpoint_every=cfg.sft.checkpoint.every, keep_checkpoints=cfg.sft.checkpoint.keep,
       logprob_chunk_size=cfg.grpo.logprob_chunk_size,
+      context_loss_weight=cfg.sft.context_loss_weight,
       pad_id=chat_format.endoftext_id, optimizer=optimizer_config(cfg.sft, cfg.sft.steps),
       step=step_config(cfg.sft, cfg.trainer))
   log.info("SFT: %d train / %d validation examples, padded to %d tokens (buckets %s)",

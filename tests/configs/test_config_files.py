@@ -86,6 +86,7 @@ def test_misspelt_override_fails_naming_the_field():
     ("--config.grpo.loss_agg=token-sum", "config.grpo: unknown loss_agg 'token-sum'"),
     ("--config.grpo.kl_reference=init", "config.grpo.kl_reference: 'init' is not one of"),
     ("--config.grpo.tis_cap=0", "config.grpo: tis_cap must be > 0"),
+    ("--config.sft.context_loss_weight=-0.5", "config.sft.context_loss_weight: must be a number"),
     ("--config.grpo.dual_clip=1.0", "config.grpo: dual_clip must be > 1"),
     ("--config.grpo.loss_norm_length=0", "config.grpo.loss_norm_length: must be > 0"),
     ("--config.distributed.enabled=true --config.distributed.num_processes=3",
