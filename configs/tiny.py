@@ -4,7 +4,7 @@ r"""The CPU default: a tiny Qwen3.5-architecture model from scratch and a locall
   python launch.py --config=configs/tiny.py:smoke --workdir=/tmp/bat_smoke   # a handful of steps
 
 Everything stays on one host, on CPU: the in-process JAX rollout engine, a spawned Stage Bank and
-the built-in evaluator. Sizes aim at 15 minutes on 2 otherwise idle CPU cores: 14.0 min timed
+the built-in evaluator. Sizes aim at 15 minutes on 2 otherwise idle CPU cores: 13 min 53 s timed
 alone (seed 0, experiments/README.md); `smoke` shrinks every phase to a few steps (a 2-layer,
 32-wide model; 4 min on a loaded box), and the end-to-end test runs exactly it. The recipe's *structure* (4/2/2
 pool mix, gate thresholds, argmin curriculum, GRPO loss settings) is the reference's; only the

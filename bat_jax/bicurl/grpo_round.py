@@ -76,7 +76,7 @@ def bucket_length(longest: int, cap: int) -> int:
   tokens pad to 1,536, not 2,048."""
   power = 1 << max(0, math.ceil(math.log2(max(longest, 1))))
   half_step = 3 * power // 4
-  length = half_step if longest <= half_step and power >= 4 else power
+  length = half_step if longest <= half_step else power
   return min(cap, max(MIN_BUCKET, length))
 
 
