@@ -4,8 +4,8 @@ The final hidden states are cut into sequence chunks and a `lax.scan` computes, 
 `[B, C, V]` logits, their logsumexp and the taken token's logit. By default each chunk is
 checkpointed (`_recomputing_head`): the backward recomputes its logits from the saved `[B, C, D]`
 hidden chunk, so peak memory is O(B * C * V) instead of O(B * T * V) (Qwen3.5's V is ~248k). For
-small vocabularies `save_probs` keeps each chunk's softmax and a hand-written backward
-(`_saved_probs_head`) skips that matmul. (The hand-written backward in recompute mode cost
+small vocabularies `save_probs` keeps the whole `[B, T, V]` softmax (no chunks) and a hand-written
+backward (`_saved_probs_head`) skips that matmul. (The hand-written backward in recompute mode cost
 3.3 GiB more per device in the bat9b memory plan, so the 9B path stays checkpointed.)"""
 
 from __future__ import annotations
@@ -37,46 +37,36 @@ def _chunk_logits(h: Array, kernel: Array, temperature: float) -> Array:
 
 
 def _saved_probs_head(temperature: float, with_entropy: bool):
-  """`(h_chunks [N, B, C, D], t_chunks [N, B, C], kernel [D, V]) -> (logp, entropy)` per chunk
-  (each `[N, B, C]` fp32), with a hand-written VJP that keeps every chunk's softmax.
+  """`(hidden [B, T, D], targets [B, T], kernel [D, V]) -> (logp, entropy)` (each `[B, T]`
+  fp32), with a hand-written VJP that keeps the softmax.
 
   The gradient of a taken-token logprob w.r.t. the logits is `(onehot - softmax) / temperature`,
-  so with the `[B, C, V]` softmax of each chunk saved (O(B * T * V) memory: small vocabularies
-  only) the backward skips the logits matmul and differentiates no one-hot or gather. The
-  entropy carries no gradient.
+  so with the `[B*T, V]` softmax saved (O(B * T * V) memory: small vocabularies only) the
+  backward skips the logits matmul and differentiates no one-hot or gather. Since the softmax
+  is kept whole anyway, the sequence is not chunked: one matmul each way (a scan over chunks
+  stacked its `[N, B, C, V]` output in a buffer whose memset and slice copies cost as much as
+  the softmax). The entropy carries no gradient.
   """
 
-  def forward(h_chunks, t_chunks, kernel):
-    def body(_, xs):
-      h, t = xs
-      logits = _chunk_logits(h, kernel, temperature)
-      lse = jax.nn.logsumexp(logits, axis=-1)                                    # [B, C]
-      taken = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]          # [B, C]
-      ent = jnp.zeros_like(lse)
-      if with_entropy:
-        ent = lse - (jax.nn.softmax(logits, axis=-1) * logits).sum(-1)
-      return None, (taken - lse, ent, jnp.exp(logits - lse[..., None]))
-
-    _, (logp, ent, probs) = jax.lax.scan(body, None, (h_chunks, t_chunks))
-    return (logp, ent), (h_chunks, t_chunks, kernel, probs)
+  def forward(hidden, targets, kernel):
+    h = hidden.reshape(-1, hidden.shape[-1])                                      # [B*T, D]
+    logits = jnp.dot(h, kernel, preferred_element_type=jnp.float32) / temperature  # [B*T, V]
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    taken = jnp.take_along_axis(logits, targets.reshape(-1, 1), axis=-1)[:, 0]
+    probs = jnp.exp(logits - lse[:, None])
+    ent = (lse - (probs * logits).sum(-1)) if with_entropy else jnp.zeros_like(lse)
+    shape = targets.shape
+    return ((taken - lse).reshape(shape), ent.reshape(shape)), (h, targets, kernel, probs)
 
   def backward(residuals, cotangents):
-    h_chunks, t_chunks, kernel, probs = residuals
-    d_logp = cotangents[0]  # the entropy's cotangent is dropped: it carries no gradient
-
-    def body(d_kernel, xs):
-      h, t, g, p = xs
-      hit = jax.lax.broadcasted_iota(jnp.int32, p.shape, 2) == t[..., None]
-      d_logits = ((hit.astype(jnp.float32) - p) * (g / temperature)[..., None])
-      d_logits = d_logits.reshape(-1, p.shape[-1]).astype(kernel.dtype)         # [B*C, V]
-      d_h = jnp.dot(d_logits, kernel.T, preferred_element_type=jnp.float32)
-      d_kernel = d_kernel + jnp.dot(h.reshape(-1, h.shape[-1]).T, d_logits,
-                                    preferred_element_type=jnp.float32)
-      return d_kernel, d_h.reshape(h.shape).astype(h.dtype)
-
-    zeros = jnp.zeros(kernel.shape, jnp.float32)
-    d_kernel, d_h = jax.lax.scan(body, zeros, (h_chunks, t_chunks, d_logp, probs))
-    return d_h, None, d_kernel.astype(kernel.dtype)
+    h, targets, kernel, probs = residuals
+    d_logp = cotangents[0].reshape(-1, 1)  # the entropy's cotangent is dropped (no gradient)
+    hit = jax.lax.broadcasted_iota(jnp.int32, probs.shape, 1) == targets.reshape(-1, 1)
+    d_logits = ((hit.astype(jnp.float32) - probs) * (d_logp / temperature)).astype(kernel.dtype)
+    d_h = jnp.dot(d_logits, kernel.T, preferred_element_type=jnp.float32)         # [B*T, D]
+    d_kernel = jnp.dot(h.T, d_logits, preferred_element_type=jnp.float32)         # [D, V]
+    return (d_h.reshape(*targets.shape, -1).astype(h.dtype), None,
+            d_kernel.astype(kernel.dtype))
 
   head = jax.custom_vjp(lambda h, t, k: forward(h, t, k)[0])
   head.defvjp(forward, backward)
@@ -119,11 +109,12 @@ def chunked_logprobs(hidden: Array, kernel: Array, targets: Array, *, chunk_size
       so a bf16 model gathers and multiplies a bf16 table (fp32 accumulation) even when the
       master weights are fp32.
     targets: `[B, T]` int token ids.
-    chunk_size: sequence positions per chunk (T is padded up to a multiple).
+    chunk_size: sequence positions per chunk (T is padded up to a multiple); unused with
+      `save_probs`.
     temperature: sampling temperature the rollouts used (logits are divided by it).
     with_entropy: also return the per-token entropy (no gradient flows through it).
-    save_probs: keep each chunk's softmax for the backward instead of recomputing the logits
-      matmul (`B * T * V * 4` bytes; see `_saved_probs_head`).
+    save_probs: keep the softmax for the backward instead of recomputing the logits matmul
+      (`B * T * V * 4` bytes, not chunked; see `_saved_probs_head`).
 
   Returns:
     `(logp [B, T] float32, entropy [B, T] float32 or None)`.
@@ -132,6 +123,10 @@ def chunked_logprobs(hidden: Array, kernel: Array, targets: Array, *, chunk_size
   batch, length, dim = hidden.shape
   if kernel.dtype != hidden.dtype:
     kernel = sharding.constrain(kernel.astype(hidden.dtype), ("embed", "vocab"))
+  if save_probs:  # the whole softmax is kept anyway: no chunks (see `_saved_probs_head`)
+    logp, ent = _saved_probs_head(temperature, with_entropy)(hidden, targets.astype(jnp.int32),
+                                                             kernel)
+    return logp, (jax.lax.stop_gradient(ent) if with_entropy else None)
   chunk = min(chunk_size, length)
   n_chunks = -(-length // chunk)
   pad = n_chunks * chunk - length
@@ -141,8 +136,8 @@ def chunked_logprobs(hidden: Array, kernel: Array, targets: Array, *, chunk_size
   h_chunks = hidden.reshape(batch, n_chunks, chunk, dim).swapaxes(0, 1)
   t_chunks = targets.reshape(batch, n_chunks, chunk).swapaxes(0, 1)
   h_chunks = sharding.constrain(h_chunks, (None, *sharding.ACTIVATION_AXES))
-  head = (_saved_probs_head if save_probs else _recomputing_head)(temperature, with_entropy)
-  logp, ent = head(h_chunks, t_chunks.astype(jnp.int32), kernel)
+  logp, ent = _recomputing_head(temperature, with_entropy)(h_chunks, t_chunks.astype(jnp.int32),
+                                                           kernel)
   logp = logp.swapaxes(0, 1).reshape(batch, n_chunks * chunk)[:, :length]
   ent = jax.lax.stop_gradient(ent).swapaxes(0, 1).reshape(batch, n_chunks * chunk)[:, :length]
   return logp, (ent if with_entropy else None)

@@ -90,6 +90,7 @@ def _jax_step(hf_dict: dict, args, out_dir: str):
 
 
 def run_jax(hf_dict: dict, args, out_dir: str, conn) -> None:
+  _host_malloc(args)
   from bat_jax import train
 
   compiled, step = _jax_step(hf_dict, args, out_dir)
@@ -101,6 +102,7 @@ def run_jax(hf_dict: dict, args, out_dir: str, conn) -> None:
 
 
 def run_torch(args, weights_dir: str, conn) -> None:
+  _host_malloc(args)
   import torch
   import transformers
 
@@ -140,10 +142,25 @@ def run_torch(args, weights_dir: str, conn) -> None:
   _serve_timings(step, args.iters, conn)
 
 
+def _host_malloc(args) -> None:
+  """Both children run with the trainer's malloc settings (`bat_jax.host_memory`, set by
+  launch.py) unless `--default_malloc`, so neither side pays for re-faulting freed pages."""
+  if not args.default_malloc:
+    from bat_jax import host_memory
+    host_memory.retain_freed_memory()
+
+
+def _page_faults() -> int:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _serve_timings(step, iters: int, conn) -> None:
   """Times `iters` steps whenever the parent asks; None ends the child."""
   while conn.recv() is not None:
-    conn.send({"seconds": time_it(step, iters), "peak_rss_mb": _peak_rss_mb()})
+    faults = _page_faults()
+    seconds = time_it(step, iters)  # 2 warm-up steps + `iters` timed
+    conn.send({"seconds": seconds, "peak_rss_mb": _peak_rss_mb(),
+               "faults_per_step": (_page_faults() - faults) / (iters + 2)})
 
 
 def _start_child(target, *args):
@@ -174,14 +191,16 @@ def compare(args) -> None:
       proc.join()
   print(f"config: family={args.family} layers={args.layers} batch={args.batch} seq={args.seq} "
         f"micro={args.micro} chunk={args.chunk} torch_threads={torch_r['threads']} "
-        f"rounds={args.repeats}x{args.iters} steps")
+        f"rounds={args.repeats}x{args.iters} steps "
+        f"malloc={'default' if args.default_malloc else 'bat_jax.host_memory (both)'}")
   print(f"first-step loss: jax={jax_r['loss']:.6f} torch={torch_r['loss']:.6f}")
   for i, (j, t) in enumerate(rounds):
     print(f"round {i}: jax {j['seconds'] * 1e3:8.1f} ms/step ({tokens / j['seconds']:7.0f} tok/s)  "
           f"torch {t['seconds'] * 1e3:8.1f} ms/step ({tokens / t['seconds']:7.0f} tok/s)  "
           f"ratio {t['seconds'] / j['seconds']:.2f}")
   for name, r, last in (("jax", jax_r, rounds[-1][0]), ("torch", torch_r, rounds[-1][1])):
-    print(f"{name:5s} peak RSS {last['peak_rss_mb']:7.0f} MB (before step {r['rss_before_mb']:.0f})")
+    print(f"{name:5s} peak RSS {last['peak_rss_mb']:7.0f} MB (before step "
+          f"{r['rss_before_mb']:.0f}); minor page faults per step {last['faults_per_step']:.0f}")
   print("jax XLA memory analysis (MB): " +
         ", ".join(f"{k.replace('_size_in_bytes', '')}={v:.1f}" for k, v in jax_r["xla_mb"].items()))
   ratios = sorted(t["seconds"] / j["seconds"] for j, t in rounds)
@@ -284,6 +303,9 @@ def main() -> None:
   parser.add_argument("--save_probs", action=argparse.BooleanOptionalAction, default=True,
                       help="compare mode: keep the [B, T, V] softmax for the backward (the "
                            "tiny config's choice; the 9B configs recompute the logits)")
+  parser.add_argument("--default_malloc", action="store_true",
+                      help="compare mode: glibc's default malloc settings in both children "
+                           "instead of the trainer's (bat_jax.host_memory)")
   parser.add_argument("--remat", default="full")
   parser.add_argument("--iters", type=int, default=3)
   parser.add_argument("--repeats", type=int, default=3, help="alternating timing rounds")

@@ -10,7 +10,8 @@ from flax import nnx
 
 from bat_jax import sharding
 from bat_jax.model import ModelConfig, build_model, load_pretrained
-from bat_jax.model.attention import AttentionMask, attend, resolve_impl
+from bat_jax.model.attention import (AttentionMask, attend, causal_block_attention,
+                                     resolve_impl)
 from bat_jax.model.decoder import with_attention_impl
 from bat_jax.model.layers import Attention
 from hf_fixtures import (build_torch_model, jit_call, qwen3_5_text_config, qwen3_config,
@@ -65,6 +66,21 @@ def test_causal_chunked_matches_dense_with_gqa_and_right_padding():
   mask = AttentionMask.causal(valid)
   _check_against_reference(q, k, v, mask, valid, [
       ("xla", {}), ("chunked", dict(block_size=8))])
+
+
+@pytest.mark.parametrize("t,num_blocks", [(100, 8), (64, 3), (16, 8), (256, 1)])
+def test_causal_block_attention_matches_dense(t, num_blocks):
+  # Query blocks of >= 16 rows, the last one short when t does not divide; a fully padded
+  # row stays finite (its values are not used).
+  q, k, v = _qkv(3, t, t, 8, 2, 8, seed=t)
+  lens = jnp.asarray([t, t // 3, 0])
+  valid = jnp.arange(t)[None, :] < lens[:, None]
+  mask = AttentionMask.causal(valid)
+  out = causal_block_attention(q, k, v, valid, scale=8 ** -0.5, num_blocks=num_blocks)
+  assert bool(jnp.all(jnp.isfinite(out)))
+  ok = np.asarray(valid)
+  expected = np.asarray(reference_attention(q, k, v, mask))
+  np.testing.assert_allclose(np.asarray(out)[ok], expected[ok], atol=1e-5)
 
 
 def test_cache_mask_chunked_matches_dense_with_ragged_lengths():

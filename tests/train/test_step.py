@@ -127,8 +127,9 @@ def test_reference_model_runs_only_when_kl_is_on(monkeypatch):
     calls.clear()
     jax.jit(step_fn).trace(state, batch, frozen)  # tracing only: no compile needed
     counts[name] = len(calls)
-  # The objective is traced twice (eval_shape, grad); KL adds exactly the reference forward.
-  assert counts == {"no kl": 2, "kl": 4, "kl, given ref_logp": 2}
+  # One micro-batch: the objective is traced once (grad, no scan and so no eval_shape of its
+  # stats); KL adds exactly the reference forward.
+  assert counts == {"no kl": 1, "kl": 2, "kl, given ref_logp": 1}
 
 
 def test_kl_from_frozen_copy_equals_precomputed_ref_logp():
