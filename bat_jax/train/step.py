@@ -212,6 +212,28 @@ def _zero_stats(stats: Mapping[str, Any]) -> dict[str, Array]:
           for k, v in stats.items()}
 
 
+def _accumulate(grad_fn, objective, params, batch: Batch, frozen: Mapping[str, Any],
+                num_micro_batches: int) -> tuple[Any, Array, Array, dict[str, Array]]:
+  """Summed fp32 grads, numerator, denominator and merged stats over the micro-batches."""
+  micro = split_micro_batches(batch, num_micro_batches)
+  first = jax.tree.map(lambda x: x[0], micro)
+  if num_micro_batches == 1:  # no scan: its carry would add the grads to zeros
+    (numerator, (denominator, stats)), grads = grad_fn(params, first, frozen)
+    return jax.tree.map(lambda g: g.astype(jnp.float32), grads), numerator, denominator, stats
+  _, (_, stats_shape) = jax.eval_shape(objective, params, first, frozen)
+  zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+
+  def body(carry, mb):
+    grads, numerator, denominator, stats = carry
+    (num, (den, st)), g = grad_fn(params, mb, frozen)
+    grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
+    return (grads, numerator + num, denominator + den, merge_stats(stats, st)), None
+
+  init = (zero_grads, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32),
+          _zero_stats(stats_shape))
+  return jax.lax.scan(body, init, micro)[0]
+
+
 def build_step_fn(graphdef: nnx.GraphDef, loss_fn: LossFn, optimizer: optax.GradientTransformation,
                   cfg: StepConfig = StepConfig()) -> Callable[..., tuple[TrainState, dict]]:
   """The pure (un-jitted) step `(state, batch, frozen) -> (state, metrics)`.
@@ -233,46 +255,22 @@ def build_step_fn(graphdef: nnx.GraphDef, loss_fn: LossFn, optimizer: optax.Grad
 
   grad_fn = jax.value_and_grad(objective, has_aux=True)
 
-  def accumulate(params, batch: Batch, frozen: Mapping[str, Any]):
-    """Summed fp32 grads, numerator, denominator and merged stats over the micro-batches."""
-    micro = split_micro_batches(batch, cfg.num_micro_batches)
-    first = jax.tree.map(lambda x: x[0], micro)
-    if cfg.num_micro_batches == 1:  # no scan: its carry would add the grads to zeros
-      (numerator, (denominator, stats)), grads = grad_fn(params, first, frozen)
-      return jax.tree.map(lambda g: g.astype(jnp.float32), grads), numerator, denominator, stats
-    _, (_, stats_shape) = jax.eval_shape(objective, params, first, frozen)
-    zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-
-    def body(carry, mb):
-      grads, numerator, denominator, stats = carry
-      (num, (den, st)), g = grad_fn(params, mb, frozen)
-      grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
-      return (grads, numerator + num, denominator + den, merge_stats(stats, st)), None
-
-    init = (zero_grads, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32),
-            _zero_stats(stats_shape))
-    return jax.lax.scan(body, init, micro)[0]
-
   def step(state: TrainState, batch: Batch, frozen: Mapping[str, Any]):
-    grads, numerator, denominator, stats = accumulate(state.params, batch, frozen)
+    grads, numerator, denominator, stats = _accumulate(grad_fn, objective, state.params, batch,
+                                                       frozen, cfg.num_micro_batches)
     safe_den = jnp.where(denominator > 0, denominator, 1.0)
     grads = jax.tree.map(lambda g, p: (g / safe_den).astype(p.dtype), grads, state.params)
     loss = safe_divide(numerator, denominator)
     grad_norm = optax.global_norm(grads)
     ok = jnp.isfinite(loss) & _all_finite(grads) & (denominator > 0)
 
-    def apply_update(_):
-      updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
-      return optax.apply_updates(state.params, updates), new_opt_state
-
-    # A branch, not a select per leaf: a skipped step keeps the old state without three more
-    # passes over params and moments.
-    new_params, new_opt_state = jax.lax.cond(
-        ok, apply_update, lambda _: (state.params, state.opt_state), None)
+    updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
     new_state = state.replace(
         step=state.step + 1,
-        params=new_params,
-        opt_state=new_opt_state,
+        params=keep(new_params, state.params),
+        opt_state=keep(new_opt_state, state.opt_state),
         rng=jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state.rng), 1)),
         skipped=state.skipped + (~ok).astype(jnp.int32))
     metrics = {"loss": loss, "loss_denominator": denominator, "grad_norm": grad_norm,
