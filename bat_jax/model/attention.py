@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import logging
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -39,8 +40,16 @@ AUTO_CHUNKED_MIN_LOGITS = 2048 * 2048
 # Masked logits use a large finite value (not -inf) so a row with no visible
 # key yields finite values instead of NaN (also in gradients).
 _MASK_VALUE = -1e30
-# Query blocks of the dense causal path (`causal_block_attention`).
-CAUSAL_QUERY_BLOCKS = 8
+# Query blocks of the dense causal path (`causal_block_attention`): more skip more of the
+# masked logits but unroll into a longer program (the test suite sets 2 to compile faster).
+def _query_blocks_from_env(name: str = "BAT_JAX_CAUSAL_QUERY_BLOCKS", default: str = "8") -> int:
+  value = os.environ.get(name, default)
+  if not value.isdigit() or int(value) < 1:
+    raise ValueError(f"environment variable {name}={value!r} must be a positive integer")
+  return int(value)
+
+
+CAUSAL_QUERY_BLOCKS = _query_blocks_from_env()
 
 
 @jax.tree_util.register_dataclass

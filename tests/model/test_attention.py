@@ -249,3 +249,13 @@ def test_cudnn_head_dim_limit_follows_compute_capability():
   assert cudnn_max_head_dim(_FakeGpu("7.5")) == 0
   assert cudnn_max_head_dim(_FakeGpu("gfx90a")) == 0   # ROCm: no cuDNN
   assert cudnn_max_head_dim(jax.devices("cpu")[0]) == 0
+
+
+def test_query_block_count_from_the_environment_is_checked(monkeypatch):
+  from bat_jax.model.attention import _query_blocks_from_env
+  monkeypatch.setenv("BAT_JAX_CAUSAL_QUERY_BLOCKS", "4")
+  assert _query_blocks_from_env() == 4
+  for bad in ("0", "two", "-3"):
+    monkeypatch.setenv("BAT_JAX_CAUSAL_QUERY_BLOCKS", bad)
+    with pytest.raises(ValueError, match="BAT_JAX_CAUSAL_QUERY_BLOCKS"):
+      _query_blocks_from_env()
