@@ -211,6 +211,7 @@ def profile(args) -> None:
   """Per-op time of the jax step, summed per bat_jax source line (see xla_profile.py)."""
   from xla_profile import profile as xla_profile
 
+  _host_malloc(args)  # profile what `compare` times
   with tempfile.TemporaryDirectory() as tmp:
     compiled, step = _jax_step(tiny_config(args.family, args.layers), args, tmp)
     step()
