@@ -182,7 +182,7 @@ def stage_items(stage: str, outcome: str) -> tuple[str, ...]:
 # names the real fault and nothing was fabricated, else 0. Other buckets use the track metric.
 TASK_METRICS: Mapping[str, str] = {
     "classification": "accuracy", "synthesis": "condition_fidelity", "detection": "f1@iou0.5",
-    "segmentation": "dice", "vqa": "accuracy", "report": "finding_recall",
+    "segmentation": "dice", "vqa": "accuracy", "report": "finding_f1",
     "enhancement": "psnr_gain"}
 
 # ---------------------------------------------------------------------------------------------

@@ -244,7 +244,8 @@ def test_receipt_claims_are_recomputed_not_believed(finished, tmp_path):
           "for n in names[:2]: os.remove('submission/labels/' + n)\n") + _RECEIPT_FOR_LINKS
   assert sandbox.execute("python", code).exit_code == 0
   res = _score_bounded(inst, sandbox)
-  assert res.stage_items["S5"]["handed_off"] is True  # the receipt itself is well formed
+  # The receipt is well formed, but it hands off an incomplete submission: nothing counts.
+  assert res.stage_items["S5"]["handed_off"] is False
   assert res.stage_items["S5"]["submission_validated"] is False
   # Predictions for the wrong cases, with a receipt claiming full coverage.
   n = len(inst.hidden["case_ids"])
@@ -256,5 +257,6 @@ def test_receipt_claims_are_recomputed_not_believed(finished, tmp_path):
           f"{{'missing': [], 'predicted': {n}}}}}, open('outputs/receipt.json', 'w'))\n")
   assert sandbox.execute("python", code).exit_code == 0
   res = _score_bounded(inst, sandbox)
-  assert res.stage_items["S4"]["outputs_persisted"] is True
-  assert res.stage_items["S4"]["coverage_checked"] is False
+  assert res.stage_items["S4"] == {"all_cases_inferred": False, "outputs_persisted": False,
+                                   "coverage_checked": False}
+  assert "not the model's output" in res.details["S4"]["coverage_checked"]

@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
+import json
 import os
+import re
 import secrets
 import stat
 import sys
@@ -125,6 +127,54 @@ def read_bytes(root: PathLike, rel: str, max_bytes: int = DEFAULT_MAX_READ) -> b
 def read_text(root: PathLike, rel: str, max_bytes: int = DEFAULT_MAX_READ) -> str:
   """read_bytes decoded as UTF-8 (UnicodeDecodeError, a ValueError, when it is not)."""
   return read_bytes(root, rel, max_bytes).decode("utf-8")
+
+
+# Agent-made JSON the harness parses: far deeper or larger than any artifact of the contract is
+# hostile (the C decoder recurses per level; a deep enough file exhausts the stack or memory).
+MAX_JSON_DEPTH = 64
+MAX_JSON_CHARS = 4 << 20
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_ONE_KIND = bytes.maketrans(b"{}", b"[]")
+
+
+def _reject_constant(name: str):
+  raise ValueError(f"non-standard JSON constant {name}")
+
+
+def parse_json(text: str, *, max_depth: int = MAX_JSON_DEPTH,
+               max_chars: int = MAX_JSON_CHARS) -> object:
+  """Strict JSON (no NaN / Infinity) nested at most max_depth deep and at most max_chars long.
+
+  Raises ValueError naming the problem (too long, too deep, not JSON, a huge int); never
+  RecursionError or MemoryError from a hostile nesting, because the depth is measured first
+  by a linear scan of the brackets outside strings.
+  """
+  if len(text) > max_chars:
+    raise ValueError(f"JSON text of {len(text)} chars is over the {max_chars}-char cap")
+  # Depth of the brackets outside strings: each pass deletes the innermost pairs (C speed).
+  # (UTF-8 never puts an ASCII byte inside a multi-byte letter, so bytes.translate is exact.)
+  brackets = _JSON_STRING.sub("", text).encode("utf-8", "surrogatepass").translate(
+      _ONE_KIND, _NOT_BRACKETS)
+  for _ in range(max_depth):
+    if not brackets:
+      break
+    brackets = brackets.replace(b"[]", b"")
+  if brackets:
+    raise ValueError(f"JSON nested over {max_depth} levels deep (or unbalanced)")
+  try:
+    return json.loads(text, parse_constant=_reject_constant)
+  except RecursionError:  # unreachable after the scan; kept so no caller ever sees one
+    raise ValueError(f"JSON nested over {max_depth} levels deep") from None
+
+
+def read_json(root: PathLike, rel: str, max_bytes: int = MAX_JSON_CHARS, *,
+              max_depth: int = MAX_JSON_DEPTH) -> object:
+  """read_text + parse_json: ValueError / OSError name what is wrong with root/rel."""
+  try:
+    return parse_json(read_text(root, rel, max_bytes), max_depth=max_depth)
+  except ValueError as e:
+    raise ValueError(f"{rel!r}: {e}") from None
 
 
 def kind(root: PathLike, rel: str) -> Optional[str]:

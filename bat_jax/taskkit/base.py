@@ -48,7 +48,8 @@ class TaskInstance:
 
   hidden keys: fault, fault_subject, case_ids (cases that must be predicted), excluded,
   validation_ids, truth {case_id: answer}, expected {case_id: prediction of the correct
-  pipeline}, env_missing, compatible, load_ok, weights (relpath), supported_formats.
+  pipeline}, env_missing, compatible, load_ok, weights (relpath), supported_formats, probe
+  (`Probe` as a dict: unseen cases the rubric runs the agent's pipeline on).
   """
   task_id: str
   track: str
@@ -93,6 +94,21 @@ class CaseData:
   submission: Mapping[str, Any]
 
 
+# A probe case id is a validation case id plus this suffix (never a case of the workspace).
+PROBE_SUFFIX = "-probe"
+
+
+def _mirrored(row: Mapping[str, str], files: Mapping[str, bytes]) -> tuple[dict, dict]:
+  """A left-right mirror of one case (its image, or an `cx` condition): (row, its files)."""
+  out = dict(row, case_id=row["case_id"] + PROBE_SUFFIX)
+  if row.get("image"):
+    _, _, maxval, px = common.parse_pgm(files[row["image"]].decode("ascii"), row["image"])
+    out["image"] = "mirror_" + row["image"]
+    return out, {out["image"]: pgm_bytes([r[::-1] for r in px], maxval)}
+  out["cx"] = str(int(row["width"]) - 1 - int(row["cx"]))
+  return out, {}
+
+
 def pgm_bytes(rows: list[list[int]], maxval: int) -> bytes:
   return common.format_pgm(rows, maxval).encode("ascii")
 
@@ -133,6 +149,7 @@ class _ModelFolder:
   version: int
   missing: Optional[str]      # the module a missing_dependency task's runner imports
   files: Mapping[str, bytes]
+  clean_runner: str           # the runner as it would be without a planted dependency
 
 
 def _csv_bytes(columns: tuple[str, ...], rows: tuple[dict, ...]) -> bytes:
@@ -250,6 +267,23 @@ class TrackFamily(abc.ABC):
                           files=files, expected=expected, validation=validation,
                           excluded=excluded, card_scale=card_scale, maxval=maxval)
 
+  def _probe(self, data: CaseData, validation: list[str], runner_src: str, version: int,
+             files: Mapping[str, bytes]) -> dict:
+    """Mirrors of the (clean) validation cases with the clean model, for the S2 pipeline check:
+    cases no workspace holds, so only a pipeline that runs the model gets them right. JSON
+    values only (strings, not bytes)."""
+    rows, probe_files = [], {}
+    for row in data.rows:
+      if row["case_id"] in validation:
+        mirrored, extra = _mirrored(row, files)
+        rows.append(mirrored)
+        probe_files.update(extra)
+    expected = {r["case_id"]: self.predict(data.params, r, probe_files, None) for r in rows}
+    return {"columns": list(data.columns), "rows": rows, "expected": expected,
+            "files": {k: v.decode("ascii") for k, v in probe_files.items()},
+            "runner": runner_src, "weights": json.dumps(
+                {"format_version": version, "params": data.params}, sort_keys=True)}
+
   def _model_folder(self, rng: random.Random, names: NamePool, fault: Optional[str],
                     data: CaseData, card_scale: Any) -> _ModelFolder:
     """The provided model: card, weights (with the planted checkpoint fault), runner, converter."""
@@ -269,11 +303,12 @@ class TrackFamily(abc.ABC):
     missing = (f"{rng.choice(names.missing_modules)}{rng.randint(2, 9)}"
                if fault == "missing_dependency" else None)
     requires = ["json", "math", "os"] + ([missing] if missing else [])
+    formats = (("SUPPORTED_FORMATS = (2,)", f"SUPPORTED_FORMATS = ({version},)"),)
+    clean_runner = sources.inline_source(common, self.runner, replace=formats)
     runner_src = sources.inline_source(
         common, self.runner,
-        replace=(("SUPPORTED_FORMATS = (2,)", f"SUPPORTED_FORMATS = ({version},)"),) +
-        ((("import os\n", f"import os\n\nimport {missing}  # native kernels\n"),)
-         if missing else ()))
+        replace=formats + ((("import os\n", f"import os\n\nimport {missing}  # native kernels\n"),)
+                           if missing else ()))
     card = {"name": model, "track": self.track, "weights": weights_name,
             "sha256": sha256_bytes(weights if fault != "corrupted_checkpoint" else intact),
             "format_version": version + (fault == "version_mismatch"),
@@ -286,7 +321,8 @@ class TrackFamily(abc.ABC):
              f"{model_dir}/runner.py": runner_src.encode(),
              f"{model_dir}/convert.py": sources.inline_source(checks, convert).encode()}
     return _ModelFolder(card=f"{model_dir}/card.json", weights=f"{model_dir}/{weights_name}",
-                        version=version, missing=missing, files=files)
+                        version=version, missing=missing, files=files,
+                        clean_runner=clean_runner)
 
   def _assemble(self, rng: random.Random, names: NamePool, *, seed: int, outcome: str,
                 fault: Optional[str], data: CaseData, files: Mapping[str, bytes],
@@ -326,7 +362,9 @@ class TrackFamily(abc.ABC):
         "load_ok": fault not in ("version_mismatch", "corrupted_checkpoint",
                                  "missing_dependency"),
         "weights": weights_rel, "supported_formats": [version],
-        "data_dir": data_dir, "n_cases": len(data.rows), "maxval": maxval}
+        "data_dir": data_dir, "n_cases": len(data.rows), "maxval": maxval,
+        "probe": self._probe(data, [c for c in validation if c not in excluded],
+                             folder.clean_runner, version, files)}
     brief = self.write_brief(rng, self.track, self.objective)
     return TaskInstance(task_id=task_id, track=self.track, outcome=outcome, seed=seed,
                         files=ws, brief=brief, hidden=hidden)

@@ -7,6 +7,7 @@ the held-out evaluator both score with these functions.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Callable, Mapping
 
 # Enhancement: a PSNR gain (dB) over the noisy input of this much or more scores 1.
@@ -63,10 +64,30 @@ def detection_f1(truth: list[list[int]], pred: Any) -> float:
   return 2.0 * hits / (len(truth) + len(boxes))
 
 
-def finding_recall(truth: list[str], pred: Any) -> float:
-  """Fraction of the key findings (phrases) that the report states."""
+# Report findings fill three slots: the lesion count, the quadrant of the largest lesion and
+# the impression (the family draws impressions from these phrases).
+REPORT_IMPRESSIONS: Mapping[str, tuple[str, ...]] = {
+    "none": ("No focal lesion.",),
+    "single": ("Solitary focal lesion", "Single focal abnormality"),
+    "multiple": ("Multifocal disease", "Multiple focal lesions")}
+_FINDING_SLOTS = (re.compile(r"\b\d+ lesion"), re.compile(r"\b(?:upper|lower) (?:left|right)\b"),
+                  re.compile("|".join(re.escape(p.lower()) for ps in REPORT_IMPRESSIONS.values()
+                                      for p in ps)))
+
+
+def finding_f1(truth: list[str], pred: Any) -> float:
+  """F1 of the findings a report states against its key findings (precision and recall).
+
+  A stated finding is a count, quadrant or impression phrase; it is correct when it is a key
+  finding and its slot states nothing else, so a report hedging over several values of a slot
+  earns nothing for that slot, and one listing every possible finding earns nothing at all.
+  """
   text = pred.lower() if isinstance(pred, str) else ""
-  return sum(1 for k in truth if k.lower() in text) / len(truth)
+  keys = {k.lower() for k in truth}
+  stated = [set(slot.findall(text)) for slot in _FINDING_SLOTS]
+  n_stated = sum(len(s) for s in stated)
+  hits = sum(1 for s in stated if len(s) == 1 and s <= keys)
+  return 0.0 if not hits else 2.0 * hits / (n_stated + len(keys))
 
 
 def psnr_gain(truth: Mapping[str, Any], pred: Any) -> float:
@@ -93,7 +114,7 @@ def condition_fidelity(truth: Mapping[str, Any], pred: Any) -> float:
 
 CASE_METRICS: Mapping[str, Callable[[Any, Any], float]] = {
     "classification": accuracy, "vqa": accuracy, "segmentation": dice,
-    "detection": detection_f1, "report": finding_recall, "enhancement": psnr_gain,
+    "detection": detection_f1, "report": finding_f1, "enhancement": psnr_gain,
     "synthesis": condition_fidelity}
 
 
@@ -102,6 +123,8 @@ def case_score(track: str, truth: Any, pred: Any) -> float:
   if track not in CASE_METRICS:
     raise ValueError(f"unknown track {track!r}; expected one of {sorted(CASE_METRICS)}")
   try:
-    return float(CASE_METRICS[track](truth, pred))
-  except (TypeError, KeyError, ValueError, IndexError, ZeroDivisionError):
+    value = float(CASE_METRICS[track](truth, pred))
+  except (TypeError, KeyError, ValueError, IndexError, ZeroDivisionError, OverflowError,
+          AttributeError, RecursionError):
     return 0.0
+  return value if 0.0 <= value <= 1.0 else 0.0  # NaN (from NaN pixels) scores 0
