@@ -67,7 +67,11 @@ RECORD_FIELDS: Mapping[str, str] = {
                    'module the model card requires',
     "compatibility": '{"compatible": bool}: can the runner read the weights as they are',
     "checkpoint": '{"path": weights relpath, "sha256": its digest, "load_ok": bool}',
-    "pipeline_config": "a JSON object (the pipeline's settings)",
+    "pipeline": "python pipeline/infer.py --out PATH [--cases ID,ID]: runs the model named in "
+                "pipeline/config.json over the cases of its index (all, or the ids given); "
+                "pipeline/ is self-contained. The rubric runs it on unseen cases",
+    "pipeline_config": '{"card", "runner", "weights", "data_dir", "index", "intensity_scale": '
+                       'number or "maxval", "exclude": [case ids]}',
     "validation_output": '{"status": "ok" | "partial" | "failed", "error": str (if failed), '
                          '"records": [{"case_id", "prediction"} or {"case_id", "error"}]}',
     "diagnosis": '{"fault": one of the known faults, "subject": what is at fault (case id, '

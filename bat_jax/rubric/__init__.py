@@ -84,7 +84,9 @@ def _task_score(inst: TaskInstance, ws: Workspace) -> Optional[float]:
     return 0.0
   ids = inst.hidden["case_ids"]
   truth = inst.hidden["truth"]
-  return sum(metrics.case_score(inst.track, truth[c], sub.get(c)) for c in ids) / len(ids)
+  vocabulary = inst.hidden.get("impressions", ())
+  return sum(metrics.case_score(inst.track, truth[c], sub.get(c), impressions=vocabulary)
+             for c in ids) / len(ids)
 
 
 def task_score(inst: TaskInstance, ws: Workspace) -> Optional[float]:

@@ -48,7 +48,8 @@ class TaskInstance:
 
   hidden keys: fault, fault_subject, case_ids (cases that must be predicted), excluded,
   validation_ids, truth {case_id: answer}, expected {case_id: prediction of the correct
-  pipeline}, env_missing, compatible, load_ok, weights (relpath), supported_formats, probe
+  pipeline}, env_missing, compatible, load_ok, weights (relpath), supported_formats,
+  impressions (report: the model's impression phrases, for the metric's precision), probe
   (`Probe` as a dict: unseen cases the rubric runs the agent's pipeline on).
   """
   task_id: str
@@ -363,6 +364,7 @@ class TrackFamily(abc.ABC):
                                  "missing_dependency"),
         "weights": weights_rel, "supported_formats": [version],
         "data_dir": data_dir, "n_cases": len(data.rows), "maxval": maxval,
+        "impressions": sorted(data.params.get("impressions", {}).values()),
         "probe": self._probe(data, [c for c in validation if c not in excluded],
                              folder.clean_runner, version, files)}
     brief = self.write_brief(rng, self.track, self.objective)

@@ -211,9 +211,9 @@ class ReportFamily(TrackFamily):
 
   def sample(self, ctx: SampleContext) -> CaseData:
     rng = ctx.rng
-    phrases = metrics.REPORT_IMPRESSIONS
-    impressions = {"none": phrases["none"][0], "single": rng.choice(phrases["single"]),
-                   "multiple": rng.choice(phrases["multiple"])}
+    impressions = {"none": "No focal lesion.",
+                   "single": rng.choice(("Solitary focal lesion", "Single focal abnormality")),
+                   "multiple": rng.choice(("Multifocal disease", "Multiple focal lesions"))}
 
     def findings(boxes):
       big = max(boxes, key=lambda b: (b[2] - b[0]) * (b[3] - b[1]))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 # Enhancement: a PSNR gain (dB) over the noisy input of this much or more scores 1.
 TARGET_PSNR_GAIN_DB = 3.0
@@ -65,29 +65,26 @@ def detection_f1(truth: list[list[int]], pred: Any) -> float:
 
 
 # Report findings fill three slots: the lesion count, the quadrant of the largest lesion and
-# the impression (the family draws impressions from these phrases).
-REPORT_IMPRESSIONS: Mapping[str, tuple[str, ...]] = {
-    "none": ("No focal lesion.",),
-    "single": ("Solitary focal lesion", "Single focal abnormality"),
-    "multiple": ("Multifocal disease", "Multiple focal lesions")}
-_FINDING_SLOTS = (re.compile(r"\b\d+ lesion"), re.compile(r"\b(?:upper|lower) (?:left|right)\b"),
-                  re.compile("|".join(re.escape(p.lower()) for ps in REPORT_IMPRESSIONS.values()
-                                      for p in ps)))
+# the impression (a phrase of the task's own vocabulary: `hidden["impressions"]`).
+_COUNT = re.compile(r"\b\d+ lesion")
+_QUADRANT = re.compile(r"\b(?:upper|lower) (?:left|right)\b")
 
 
-def finding_f1(truth: list[str], pred: Any) -> float:
+def finding_f1(truth: list[str], pred: Any, impressions: Sequence[str] = ()) -> float:
   """F1 of the findings a report states against its key findings (precision and recall).
 
-  A stated finding is a count, quadrant or impression phrase; it is correct when it is a key
-  finding and its slot states nothing else, so a report hedging over several values of a slot
-  earns nothing for that slot, and one listing every possible finding earns nothing at all.
+  A stated finding is a count, quadrant or impression phrase (`impressions` and the true one);
+  it is correct when it is a key finding and its slot states nothing else, so a report hedging
+  over several values of a slot earns nothing for that slot, and one listing every possible
+  finding earns nothing at all.
   """
   text = pred.lower() if isinstance(pred, str) else ""
   keys = {k.lower() for k in truth}
-  stated = [set(slot.findall(text)) for slot in _FINDING_SLOTS]
-  n_stated = sum(len(s) for s in stated)
+  phrases = sorted({p.lower() for p in impressions} | {truth[-1].lower()}, key=len, reverse=True)
+  slots = (_COUNT, _QUADRANT, re.compile("|".join(map(re.escape, phrases))))
+  stated = [set(slot.findall(text)) for slot in slots]
   hits = sum(1 for s in stated if len(s) == 1 and s <= keys)
-  return 0.0 if not hits else 2.0 * hits / (n_stated + len(keys))
+  return 0.0 if not hits else 2.0 * hits / (sum(len(s) for s in stated) + len(keys))
 
 
 def psnr_gain(truth: Mapping[str, Any], pred: Any) -> float:
@@ -118,12 +115,19 @@ CASE_METRICS: Mapping[str, Callable[[Any, Any], float]] = {
     "synthesis": condition_fidelity}
 
 
-def case_score(track: str, truth: Any, pred: Any) -> float:
-  """One case's score in [0, 1]; a malformed prediction scores 0 rather than raising."""
+def case_score(track: str, truth: Any, pred: Any, *, impressions: Sequence[str] = ()) -> float:
+  """One case's score in [0, 1]; a malformed prediction scores 0 rather than raising.
+
+  impressions: report only, the task's impression phrases (`hidden["impressions"]`), so a
+  report stating several of them is not credited for the right one.
+  """
   if track not in CASE_METRICS:
     raise ValueError(f"unknown track {track!r}; expected one of {sorted(CASE_METRICS)}")
   try:
-    value = float(CASE_METRICS[track](truth, pred))
+    if track == "report":
+      value = finding_f1(truth, pred, impressions)
+    else:
+      value = float(CASE_METRICS[track](truth, pred))
   except (TypeError, KeyError, ValueError, IndexError, ZeroDivisionError, OverflowError,
           AttributeError, RecursionError):
     return 0.0
