@@ -123,7 +123,8 @@ def _scores(result: rubric.RubricResult) -> dict[str, Any]:
           "overall": workflow.overall_score(task, agentic),
           "stage_evidence": {s: v is not None for s, v in result.stage_scores.items()},
           "submitted": result.task_score is not None,
-          "stage_items": result.stage_items}
+          "stage_items": result.stage_items,
+          "stage_details": result.details}
 
 
 def run_cell(cell: Cell, factory: AgentFactory, work_dir: Path, *,

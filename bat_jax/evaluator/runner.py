@@ -24,6 +24,7 @@ import pickle
 import secrets
 import signal
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -68,11 +69,19 @@ class _Job:
     return Path(self.records_dir) / "work" / name
 
   def run(self, cell: Cell) -> dict[str, Any]:
+    """The cell's record; a harness error in one cell (which `run_cell` does not expect) is
+    that cell's `crash` record, so it never loses the other cells of a threaded run."""
+    start = time.monotonic()
     work = self.work_dir(cell)
-    episode.remove_quietly(work)  # a crashed earlier attempt
-    return episode.run_cell(cell, self.factory, work, limits=self.limits,
-                            sandbox_limits=self.sandbox_limits,
-                            keep_workspace=self.keep_workspaces)
+    try:
+      episode.remove_quietly(work)  # a crashed earlier attempt
+      return episode.run_cell(cell, self.factory, work, limits=self.limits,
+                              sandbox_limits=self.sandbox_limits,
+                              keep_workspace=self.keep_workspaces)
+    except Exception as e:  # pylint: disable=broad-except
+      episode.remove_quietly(work)
+      return episode.invalid_record(cell, "crash", f"cell harness raised {type(e).__name__}: "
+                                    f"{e}\n{traceback.format_exc()}", time.monotonic() - start)
 
 
 def _worker_main(conn: multiprocessing.connection.Connection, job: _Job) -> None:
