@@ -2,6 +2,7 @@
 receipts exist and only the content checks stand between a made-up artifact and the reward)."""
 
 import json
+import threading
 
 from bat_jax import rubric, workflow
 from bat_jax.sandbox import SandboxLimits
@@ -35,6 +36,17 @@ def write_files(sandbox, files, receipts=()):
   return res
 
 
+def score_bounded(inst, sandbox, seconds=60.0):
+  """E2E score of the sandbox's workspace; fails the test if scoring blocks for `seconds`."""
+  out = {}
+  t = threading.Thread(target=lambda: out.update(r=rubric.score(
+      inst, workflow.E2E, sandbox.workspace, sandbox.evidence)), daemon=True)
+  t.start()
+  t.join(seconds)
+  assert not t.is_alive(), f"scoring blocked for more than {seconds} s"
+  return out["r"]
+
+
 def score(inst, focus, sandbox):
   return rubric.score(inst, focus, sandbox.workspace, sandbox.evidence)
 
@@ -62,7 +74,8 @@ S5_RECEIPT_CHECKS = {"schema_ok": True, "missing": [], "unexpected": []}
 # -- hostile artifacts (issue 24 item 2): one entry per class -------------------------------------
 # Each file is a python expression the sandboxed call evaluates (tool calls are capped at 32 KB).
 
-_WRITE_EXPR = _WRITE.replace("FILES = json.loads(%r)", "FILES = {k: eval(v) for k, v in json.loads(%r).items()}")
+_WRITE_EXPR = _WRITE.replace("FILES = json.loads(%r)",
+                             "FILES = {k: eval(v) for k, v in json.loads(%r).items()}")
 DEEP = "'[' * 100_000 + ']' * 100_000"
 DEEP_OBJECT = "'{\"a\": ' * 50_000 + '1' + '}' * 50_000"
 # A pipeline the host compiler chokes on (RecursionError / MemoryError / null bytes).

@@ -3,7 +3,6 @@ an evaluation with such a cell completes (threaded and process mode), and a trai
 that wrote them keeps its place in the GRPO batch with reward 0."""
 
 import shutil
-import threading
 
 import pytest
 
@@ -14,7 +13,8 @@ from bat_jax.sandbox import Sandbox
 from bat_jax.taskkit import expert_actions, materialize_at, run_expert
 from bat_jax.train_tasks import FAMILIES
 
-from hacks import LIMITS, HOSTILE_KINDS, HostileAgent, hostile_action, hostile_files
+from hacks import (HOSTILE_KINDS, LIMITS, HostileAgent, hostile_action, hostile_files,
+                   score_bounded)
 
 pytestmark = pytest.mark.usefixtures("require_bwrap")
 TRACKS = ("classification", "detection")  # CSV and COCO-JSON submissions
@@ -35,16 +35,6 @@ def solved(tmp_path_factory):
   return out
 
 
-def _score_bounded(inst, sandbox, seconds=60.0):
-  out = {}
-  t = threading.Thread(target=lambda: out.update(r=rubric.score(
-      inst, workflow.E2E, sandbox.workspace, sandbox.evidence)), daemon=True)
-  t.start()
-  t.join(seconds)
-  assert not t.is_alive(), f"scoring took more than {seconds} s"
-  return out["r"]
-
-
 CASES = [(t, k) for t in TRACKS for k in HOSTILE_KINDS
          if hostile_files(FAMILIES[t].generate(3, "success"), k)]
 
@@ -55,10 +45,10 @@ def test_hostile_artifacts_score_zero_with_a_reason(solved, tmp_path, track, kin
   shutil.copytree(done.workspace, tmp_path / "ws")
   shutil.copy(done.evidence_path, tmp_path / "ev.jsonl")
   sandbox = Sandbox(tmp_path / "ws", LIMITS, evidence_path=tmp_path / "ev.jsonl")
-  assert _score_bounded(inst, sandbox).reward == 1.0
+  assert score_bounded(inst, sandbox).reward == 1.0
   action = hostile_action(inst, kind)
   assert sandbox.execute(**action["arguments"]).exit_code == 0
-  res = _score_bounded(inst, sandbox)
+  res = score_bounded(inst, sandbox)
   hit = {s for s in workflow.STAGES for rel in hostile_files(inst, kind)
          if rel.split("/", 1)[0] in workflow.STAGE_DIRS[s]}
   for stage in hit:

@@ -3,13 +3,14 @@
 import json
 import os
 import shutil
-import threading
 
 import pytest
 
 from bat_jax import rubric, workflow
 from bat_jax.sandbox import Sandbox, SandboxLimits, fingerprint, materialize
 from bat_jax.train_tasks import FAMILIES, expert_episode, materialize_at, run_expert
+
+from hacks import score_bounded
 
 A = workflow.ARTIFACTS
 LIMITS = SandboxLimits(wall_s=60.0)
@@ -174,16 +175,6 @@ def _clone(finished, tmp_path):
   return inst, Sandbox(tmp_path / "ws", LIMITS, evidence_path=tmp_path / "ev.jsonl")
 
 
-def _score_bounded(inst, sandbox, seconds=30.0):
-  out = {}
-  t = threading.Thread(target=lambda: out.update(r=rubric.score(
-      inst, workflow.E2E, sandbox.workspace, sandbox.evidence)), daemon=True)
-  t.start()
-  t.join(seconds)
-  assert not t.is_alive(), f"scoring blocked for more than {seconds} s"
-  return out["r"]
-
-
 _RECEIPT_FOR_LINKS = """
 import hashlib, json, os
 files = {}
@@ -221,7 +212,7 @@ def test_planted_links_and_special_files_score_nothing(finished, tmp_path, attac
   rel = os.path.relpath(host, sandbox.workspace / "submission" / "labels")
   code = _LINK_ATTACKS[attack].format(host=host, rel=rel) + _RECEIPT_FOR_LINKS
   assert sandbox.execute("python", code).exit_code == 0
-  res = _score_bounded(inst, sandbox)
+  res = score_bounded(inst, sandbox)
   assert res.task_score < 1.0 and res.stage_items["S5"]["submission_complete"] is False
   if attack != "fifo":
     assert res.task_score == 0.0 and res.stage_items["S5"]["submission_native_schema"] is False
@@ -233,7 +224,7 @@ def test_plan_linked_to_a_host_file_earns_nothing(finished, tmp_path):
   (tmp_path / "plan.md").write_text((sandbox.workspace / A["plan"]).read_text())
   code = f"import os\nos.remove({A['plan']!r})\nos.symlink({str(tmp_path / 'plan.md')!r}, {A['plan']!r})"
   assert sandbox.execute("python", code).exit_code == 0
-  res = _score_bounded(inst, sandbox)
+  res = score_bounded(inst, sandbox)
   assert res.stage_items["S1"]["plan_written"] is False
 
 
@@ -243,7 +234,7 @@ def test_receipt_claims_are_recomputed_not_believed(finished, tmp_path):
   code = ("import os\nnames = sorted(os.listdir('submission/labels'))\n"
           "for n in names[:2]: os.remove('submission/labels/' + n)\n") + _RECEIPT_FOR_LINKS
   assert sandbox.execute("python", code).exit_code == 0
-  res = _score_bounded(inst, sandbox)
+  res = score_bounded(inst, sandbox)
   # The receipt is well formed, but it hands off an incomplete submission: nothing counts.
   assert res.stage_items["S5"]["handed_off"] is False
   assert res.stage_items["S5"]["submission_validated"] is False
@@ -256,7 +247,7 @@ def test_receipt_claims_are_recomputed_not_believed(finished, tmp_path):
           f"json.dump({{'stage': 'S4', 'files': {{'outputs/predictions.jsonl': d}}, 'checks': "
           f"{{'missing': [], 'predicted': {n}}}}}, open('outputs/receipt.json', 'w'))\n")
   assert sandbox.execute("python", code).exit_code == 0
-  res = _score_bounded(inst, sandbox)
+  res = score_bounded(inst, sandbox)
   assert res.stage_items["S4"] == {"all_cases_inferred": False, "outputs_persisted": False,
                                    "coverage_checked": False}
   assert "not the model's output" in res.details["S4"]["coverage_checked"]
