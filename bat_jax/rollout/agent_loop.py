@@ -11,8 +11,9 @@ gets its observation appended as the chat template's token delta. Token-in / tok
 
 Malformed output (unparseable call, unknown tool, wrong arguments, over-long code, a turn cut
 at the per-turn token limit) becomes an observation saying what was wrong and the trajectory
-goes on. Failures of the infrastructure (sandbox, engine, rubric) end only the trajectory they
-hit (finish reason "error", reward 0); a rollout never crashes the batch. A request the server
+goes on. Failures of the infrastructure (sandbox, engine) end only the trajectory they hit
+(finish reason "error", reward 0); a rollout never crashes the batch. A rubric failure is
+scored 0 but stays trainable: the rubric reads what the policy wrote. A request the server
 aborted ends its trajectory as "aborted" without keeping the cut turn. Neither is
 `Trajectory.trainable`. An over-context prompt (the JAX engine's check, or SGLang's HTTP 400)
 ends the trajectory as "context_full", the policy's own outcome.
@@ -327,8 +328,10 @@ class AgentLoop:
     try:
       score = s.env.score()
     except Exception as e:  # pylint: disable=broad-except
+      # The rubric reads what the policy left: its failure is scored 0 and kept in the batch
+      # (finish reason unchanged), so writing files the rubric chokes on is no way out.
       log.exception("rubric failed for %s", s.session)
-      t.reward, t.finish_reason = 0.0, "error"
+      t.reward = 0.0
       t.error = f"rubric failed: {type(e).__name__}: {e}"
       return
     t.reward = float(score.reward) if t.trainable else 0.0

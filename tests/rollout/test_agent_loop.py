@@ -217,3 +217,17 @@ def test_unrenderable_prompt_and_context_limit(chat):
   assert broken.finish_reason == "error" and "prompt could not be rendered" in broken.error
   assert full.finish_reason == "context_full" and full.num_turns >= 2
   assert len(full.token_ids) <= limit and sum(full.loss_mask) == full.num_response_tokens
+
+
+def test_a_rubric_failure_scores_zero_and_stays_trainable(chat):
+  """The rubric reads what the policy wrote: if it fails, the episode earns 0 and stays in the
+  batch (dropping it would let a policy opt out of its bad episodes)."""
+  class Choking(FakeEnv):
+    def score(self):
+      raise RecursionError("maximum recursion depth exceeded")
+  script = lambda s, k: chat.render_action(action("print(1)")) if k < 1 else final("Done.")
+  loop = AgentLoop(ScriptedEngine(chat, script), chat, lambda item, g: Choking())
+  [traj] = loop.run([item()], group_size=1)
+  assert traj.finish_reason == "agent_stop" and traj.trainable and traj.reward == 0.0
+  assert "rubric failed: RecursionError" in traj.error
+
