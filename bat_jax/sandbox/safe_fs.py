@@ -160,8 +160,10 @@ def parse_json(text: str, *, max_depth: int = MAX_JSON_DEPTH,
     if not brackets:
       break
     brackets = brackets.replace(b"[]", b"")
+  if b"[]" in brackets:
+    raise ValueError(f"JSON nested over {max_depth} levels deep")
   if brackets:
-    raise ValueError(f"JSON nested over {max_depth} levels deep (or unbalanced)")
+    raise ValueError("JSON brackets do not balance")
   try:
     return json.loads(text, parse_constant=_reject_constant)
   except RecursionError:  # unreachable after the scan; kept so no caller ever sees one

@@ -151,12 +151,13 @@ def test_escaped_prediction_key_is_fabrication(tmp_path, cache):
                     for c in inst.hidden["case_ids"])
   assert '"prediction"' not in escaped
   write_files(sandbox, {A["predictions"]: escaped})
-  for action in expert_actions(inst, "S4"):
+  expert, null = _expert_and_null(inst, "S4", tmp_path, cache)
+  assert score(inst, "S4", sandbox).reward <= null == 0.0  # the made-up file alone
+  for action in expert_actions(inst, "S4"):  # then the blocker recorded, as the expert does
     assert sandbox.execute(**action["arguments"]).exit_code == 0
   res = score(inst, "S4", sandbox)
   assert res.stage_items["S4"] == {"blocker_recorded": True, "no_fabricated_predictions": False}
-  expert, _ = _expert_and_null(inst, "S4", tmp_path, cache)
-  assert expert == 1.0 and res.reward <= 0.5
+  assert expert == 1.0 and res.reward == 0.5  # the honest record only; fabricating costs
 
 
 def test_diagnosis_naming_every_case_earns_no_recovery_credit(tmp_path, cache):
@@ -197,3 +198,6 @@ def test_pass_pipeline_earns_no_pipeline_credit(tmp_path, action_space):
   res = score(inst, "S2", sandbox)
   assert res.stage_items["S2"]["pipeline_script_exists"] is False
   assert "probe" in res.details["S2"]["pipeline_script_exists"]
+  # The `pass` pipeline earns exactly what no pipeline at all earns: its records' credit.
+  assert sandbox.execute("bash", f"rm {A['pipeline']}").exit_code == 0
+  assert score(inst, "S2", sandbox).reward == res.reward == 0.8
