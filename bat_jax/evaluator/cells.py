@@ -4,7 +4,7 @@ A cell is (track, outcome, seed, tier): one held-out task run end to end. The ce
 only on (evaluator seed, cells per track, tier, tracks), so a baseline and a candidate evaluated
 with the same settings see exactly the same tasks. `cell_set_digest` names that set;
 `protocol_digest` also covers everything else that changes scores (generator version, rubric
-items, stage weights, rollout limits, sandbox limits), so two reports are
+version and items, task metrics, stage weights, rollout limits, sandbox limits), so two reports are
 comparable only when both digests agree.
 """
 
@@ -15,7 +15,7 @@ import hashlib
 import json
 from typing import Any, Sequence
 
-from bat_jax import workflow
+from bat_jax import rubric, workflow
 from bat_jax.evaluator import generators
 from bat_jax.rollout_protocol import RolloutLimits
 from bat_jax.sandbox import SandboxLimits
@@ -83,6 +83,7 @@ def protocol_digest(cells: Sequence[Cell], limits: RolloutLimits,
   """Digest of everything that defines the measurement, cells included."""
   return _digest({
       "generator": generators.GENERATOR_VERSION, "cells": cell_set_digest(cells),
+      "rubric": rubric.RUBRIC_VERSION, "task_metrics": dict(workflow.TASK_METRICS),
       "stage_items": {s: list(v) for s, v in workflow.STAGE_ITEMS.items()},
       "stage_weights": dict(workflow.STAGE_WEIGHTS),
       "rollout_limits": dataclasses.asdict(limits),

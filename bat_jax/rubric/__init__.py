@@ -29,10 +29,13 @@ from bat_jax.rubric.workspace import MAX_READ_BYTES, EvidenceLike, Workspace
 from bat_jax.taskkit import metrics
 from bat_jax.taskkit.base import TaskInstance
 
-__all__ = ["EvidenceLike", "MAX_READ_BYTES", "MIN_PLAN_CHARS", "RubricResult", "Workspace",
-           "names_subject", "score", "stage_checklist", "task_score"]
+__all__ = ["EvidenceLike", "MAX_READ_BYTES", "MIN_PLAN_CHARS", "RUBRIC_VERSION", "RubricResult",
+           "Workspace", "names_subject", "score", "stage_checklist", "task_score"]
 
 A = workflow.ARTIFACTS
+# Bumped whenever what the checks accept changes (evaluation reports name it in their digest):
+# v2 compares artifacts with the model's outputs and runs the pipeline on probe cases.
+RUBRIC_VERSION = "content-v2"
 # A check that raises on agent-made input scores 0 instead (RecursionError and MemoryError
 # included: a hostile file must never end an evaluation or drop a training episode).
 _CHECK_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError,

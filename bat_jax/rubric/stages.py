@@ -61,7 +61,7 @@ def _s2(inst: TaskInstance, ws: Workspace) -> dict[str, bool]:
   hidden = inst.hidden
   card = json.loads(inst.files[inst.spec["model"]["card"]])
   env, compat = _dict(ws.json(A["environment"])), _dict(ws.json(A["compatibility"]))
-  ckpt, modules = _dict(ws.json(A["checkpoint"])), _dict(ws.json(A["environment"])).get("modules")
+  ckpt, modules = _dict(ws.json(A["checkpoint"])), env.get("modules")
   truth = {m: m not in hidden["env_missing"] for m in card["requires"]}
   return {
       "environment_ready": isinstance(modules, dict) and "python" in env
