@@ -3,15 +3,15 @@
 A cell is (track, outcome, seed, tier): one held-out task run end to end. The cell set depends
 only on (run secret, evaluator seed, cells per track, tier, tracks), so a baseline and a
 candidate evaluated with the same settings in one run see exactly the same tasks.
+`cell_set_digest` names that set; `protocol_digest` also covers everything else that changes
+scores (generator version, rubric items, stage weights, rollout limits, sandbox limits), so two
+reports are comparable only when both digests agree.
 
 The run secret keys the task seeds: without it, the evaluator seed and the public constants
 would give every cell's seed, hence its task id, outcome and hidden values, to code in the
 sandbox. It is drawn by the evaluator process (`new_secret`) and kept in its memory and, for
 resume, in a host file no sandbox can see (`load_or_create_secret`: the run's WORKDIR, the CLI's
-records folder); it never enters a workspace, an argv or an environment. `cell_set_digest` names that set;
-`protocol_digest` also covers everything else that changes scores (generator version, rubric
-items, stage weights, rollout limits, sandbox limits), so two reports are
-comparable only when both digests agree.
+records folder); it never enters a workspace, an argv or an environment.
 """
 
 from __future__ import annotations

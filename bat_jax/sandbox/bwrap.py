@@ -118,8 +118,8 @@ def _limit_note(limit: str, limits: SandboxLimits) -> str:
       "memory": f"memory limit of {limits.memory_mb} MB hit: an allocation was refused or "
                 "the whole process tree was killed",
       "procs": f"process limit of {limits.max_procs} processes hit: a fork failed",
-      "workspace": f"workspace size limit of {limits.max_workspace_mb} MB hit: the files "
-                   "this call added or changed were removed",
+      "workspace": f"workspace size limit of {limits.max_workspace_mb} MB hit (or a folder "
+                   "could not be measured): the files this call added or changed were removed",
       "workspace_entries": f"workspace holds more than {_WALK.max_entries} entries: the "
                            "entries this call added or changed were removed",
       "workspace_depth": f"workspace is nested deeper than {_WALK.max_depth - 1} folders: "
@@ -143,6 +143,8 @@ def _observation(exit_code: int, stdout: str, stderr: str, note: Optional[str]) 
 
 _WALK = safe_fs.WalkBudget()
 _DISK_LIMITS = ("workspace", "workspace_entries", "workspace_depth")
+# Walk limits that leave the size unknown: over the cap (a folder made unreadable hides nothing).
+_UNMEASURED = ("workspace_bytes", "workspace_unreadable")
 
 
 def _code_problem(code: str) -> Optional[str]:
@@ -267,7 +269,7 @@ class Sandbox:
       stderr = done.stderr.decode("utf-8", "replace")
       limit = limit or _limit_hit(done, stderr)
       found = self._scan()
-      over = "workspace" if found.limit == "workspace_bytes" or \
+      over = "workspace" if found.limit in _UNMEASURED or \
           found.total_bytes > self.limits.max_workspace_mb << 20 else found.limit
       if over is not None or limit in _DISK_LIMITS:  # over a cap: what the call did goes
         limit = limit if limit in _DISK_LIMITS else over
@@ -301,7 +303,7 @@ class Sandbox:
 
     def check() -> Optional[str]:
       limit = workspace_lib.scan(staged, budget, hash_files=False).limit
-      return "workspace" if limit == "workspace_bytes" else limit
+      return "workspace" if limit in _UNMEASURED else limit
     return check
 
   def _launcher(self) -> launcher_lib.Launcher:
