@@ -28,7 +28,10 @@ the main process ends PID 1 too, so nothing the code started outlives the call.
 Host side. Every call writes an evidence record, also when the harness fails mid-call
 (`limit_hit="harness_error"`, then the error propagates). The workspace is walked only through
 `safe_fs` (no links followed, bounded budgets), and during a call it is renamed into a private,
-randomly named folder, so /proc/self/mountinfo inside shows no host path.
+randomly named folder, so /proc/self/mountinfo inside shows no host path. Under a non-root
+harness the agent owns its files: folders and files whose owner bits it stripped get them back
+before they are walked, moved or removed, and what still cannot be measured counts as over the
+size cap. A launcher the OOM killer takes mid-call is replaced; that call is a memory-limit hit.
 """
 
 from __future__ import annotations
