@@ -117,3 +117,20 @@ def test_the_secret_never_reaches_a_sandbox(require_bwrap, tmp_path):
     assert needle not in visible
     assert not [p for p in workspaces if needle.encode() in p.read_bytes()]
   assert settings.secret not in "\n".join(f"{k}={v}" for k, v in os.environ.items())
+
+
+def test_the_cli_keeps_its_secret_host_side_and_pairs_through_it(tmp_path):
+  import json
+  from bat_jax.evaluator import __main__ as cli
+  common = ["--agent=null", "--tracks=vqa", "--cells-per-track=1", "--workers=0"]
+  digest = lambda out: json.loads((out / "report.json").read_text())["cell_set_digest"]
+  shared = tmp_path / "secret"
+  for name in ("baseline", "candidate"):
+    assert cli.main([*common, f"--out={tmp_path / name}", f"--secret-file={shared}"]) == 0
+  assert digest(tmp_path / "baseline") == digest(tmp_path / "candidate")  # paired for the gate
+  assert cli.main([*common, f"--out={tmp_path / 'alone'}"]) == 0  # its own secret, in records
+  assert (tmp_path / "alone.records" / "run_secret").is_file()
+  assert digest(tmp_path / "alone") != digest(tmp_path / "baseline")
+  assert shared.read_text().strip() not in (tmp_path / "baseline" / "report.json").read_text()
+  with pytest.raises(SystemExit, match="--secret-file .* inside the export folder"):
+    cli.main([*common, f"--out={tmp_path / 'x'}", f"--secret-file={tmp_path / 'x' / 's'}"])
