@@ -6,11 +6,16 @@ One checkpoint step holds three items:
 - `data`: the data-iterator state (a grain iterator's `get_state()`: a JSON dict, or bytes, which
   are base64-wrapped);
 - `outer`: the outer-loop state as JSON (round, target, curriculum history, baseline scores,
-  promotion decisions, ...).
+  promotion decisions, ...), with the step number it was saved as.
 
 Orbax writes each step into a temporary directory and renames it only once every item is
 committed, so a crash mid-save (even SIGKILL) never leaves a half-written step that
 `latest_step()` would return. Saves are asynchronous; `wait()` blocks until they are durable.
+
+A step folder whose stored step is not its name (copied or renamed by hand) is refused: resuming
+it would replay or skip data and the LR schedule. `latest_step()` / `restore()` skip it with a
+warning naming the folder and both steps; `restore(step=...)` of it raises
+`CheckpointIdentityError`.
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ _ITEMS = ("state", "data", "outer")  # the Composite items of every saved step
 
 JsonLike = Union[dict, list, str, int, float, bool, None]
 _BYTES_KEY = "__base64_bytes__"
+
+
+class CheckpointIdentityError(RuntimeError):
+  """A step folder holds a checkpoint saved under another step number."""
 
 
 def _encode_data_state(data_state: Union[JsonLike, bytes, None]) -> dict:
@@ -96,14 +105,15 @@ class Checkpointer:
     """
     args = ocp.args.Composite(state=ocp.args.StandardSave(state),
                               data=ocp.args.JsonSave(_encode_data_state(data_state)),
-                              outer=ocp.args.JsonSave({"value": outer_state}))
+                              outer=ocp.args.JsonSave({"value": outer_state, "step": step}))
     return self._manager.save(step, args=args, force=force)
 
   def step_problem(self, step: int) -> Optional[str]:
     """Why `step` is not an intact checkpoint (an empty or half-copied directory), or None.
 
     A cheap structural check: the commit markers and metadata of the step and of each item are
-    present and their JSON parses. Truncated array data is caught by `restore`'s fallback.
+    present, their JSON parses and the stored step is `step` (`identity_problem`). Truncated
+    array data is caught by `restore`'s fallback.
     """
     step_dir = self.directory / str(step)
     required = ["commit_success.txt", "_CHECKPOINT_METADATA", "state/_METADATA",
@@ -118,6 +128,19 @@ class Checkpointer:
         json.loads((step_dir / rel).read_bytes())
       except (UnicodeDecodeError, json.JSONDecodeError) as e:
         return f"{step_dir / rel} is not valid JSON ({e})"
+    return self.identity_problem(step)
+
+  def identity_problem(self, step: int) -> Optional[str]:
+    """Why folder `step` is not step `step` (it holds a checkpoint saved as another step: copied
+    or renamed), naming the folder and both steps; None when it is (or predates the record)."""
+    path = self.directory / str(step) / "outer" / "metadata"
+    try:
+      stored = json.loads(path.read_bytes()).get("step", step)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+      return None  # unreadable: step_problem / restore name that
+    if isinstance(stored, bool) or stored != step:
+      return (f"checkpoint folder {self.directory / str(step)} holds step {stored!r}, not step "
+              f"{step} as its name says (copied or renamed?)")
     return None
 
   def intact_steps(self) -> list[int]:
@@ -151,6 +174,8 @@ class Checkpointer:
     Raises:
       FileNotFoundError: naming the directory when there is no such committed step.
       RuntimeError: naming the step directory when no candidate step restores.
+      CheckpointIdentityError: (a RuntimeError) the explicit `step`'s folder holds another
+        step's checkpoint.
     """
     if step is not None:
       if step not in self._manager.all_steps():
@@ -171,6 +196,10 @@ class Checkpointer:
     raise RuntimeError("no checkpoint step restores: " + "; ".join(failures))
 
   def _restore_step(self, template: Any, step: int) -> Restored:
+    problem = self.identity_problem(step)
+    if problem is not None:
+      raise CheckpointIdentityError(f"checkpoint step {self.directory / str(step)} does not "
+                                    f"restore: {problem}")
     args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_like(template)),
                               data=ocp.args.JsonRestore(), outer=ocp.args.JsonRestore())
     try:

@@ -122,3 +122,26 @@ def test_damaged_outer_state_json_is_named(tmp_path, content):
   path.write_bytes(content)
   with pytest.raises(ValueError, match=f"outer-loop state {path}"):
     outer_state.OuterState.load(tmp_path)
+
+
+@pytest.mark.parametrize("how", ["copied", "renamed"])
+def test_a_step_folder_holding_another_step_is_refused_naming_both(ckpt_dir, how, caplog):
+  """A folder named 3 that holds step 2's checkpoint (intact in every file) is never restored
+  as step 3: explicitly it is an error naming the folder and both steps; by default it is
+  skipped with that warning and the real newest step is restored."""
+  if how == "copied":
+    shutil.copytree(ckpt_dir / "2", ckpt_dir / "3")
+  else:
+    (ckpt_dir / "2").rename(ckpt_dir / "3")
+  caplog.set_level(logging.WARNING)
+  with Checkpointer(ckpt_dir, max_to_keep=5, async_save=False) as ckpt:
+    with pytest.raises(RuntimeError, match=f"{ckpt_dir / '3'} holds step 2, not step 3"):
+      ckpt.restore(_tree(0), step=3)
+    latest = ckpt.latest_step()
+    restored = ckpt.restore(_tree(0))
+  want = 2 if how == "copied" else 1
+  assert latest == want and restored.step == want
+  assert restored.outer_state == {"step": want}
+  np.testing.assert_array_equal(restored.state["w"], np.full((4,), float(want)))
+  assert any(f"{ckpt_dir / '3'} holds step 2, not step 3" in r.getMessage()
+             for r in caplog.records), [r.getMessage() for r in caplog.records]

@@ -14,6 +14,7 @@ mid-evaluation by re-running that evaluation, which is deterministic).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -39,6 +40,7 @@ from bat_jax.bicurl.report import build_report, headline, write_report
 from bat_jax.bicurl.state import OuterState, RoundRecord, RunPaths
 from bat_jax.stagebank.shards import round_dirname
 from bat_jax.checkpointing import export_hf
+from bat_jax.evaluator.cells import load_or_create_secret
 from bat_jax.model import ModelConfig, build_model, load_pretrained
 from bat_jax.model.decoder import with_attention_impl
 from bat_jax.sft import SftConfig, pad_example, run_sft, sft_loss_fn
@@ -258,6 +260,11 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any
   paths = RunPaths(Path(workdir).absolute())
   paths.workdir.mkdir(parents=True, exist_ok=True)
   check_same_config(config, paths.workdir / "config.json")
+  # The held-out cells are keyed by this run's secret: the same cells for every evaluation of
+  # the run (the gate's pairing), also after a restart, and none a sandbox could derive.
+  secret = multihost.primary_first("eval secret",
+                                   lambda: load_or_create_secret(paths.eval_secret))
+  cfg = dataclasses.replace(cfg, evaluation=dataclasses.replace(cfg.evaluation, secret=secret))
   state = OuterState.load(paths.workdir)
   tracker = _Tracker(cfg, paths)
   server: Optional[PolicyServer] = None

@@ -11,6 +11,9 @@ run killed at any point (SIGKILL included) restarts at the first unfinished phas
   policies/<name>/           HF safetensors export of every evaluated policy (sft, round_NNNNNN)
   evals/<name>.json          the aggregate report of each evaluation (cached: re-run skipped)
   eval_records/<name>/       evaluator-side cell records (never read by training)
+  eval_secret                the run secret keying the held-out cells' seeds (0600; never in
+                             a sandbox): every evaluation of the run, resumed ones included,
+                             sees the same cells
   tb/                        TensorBoard events
   report.json, report.md, *.png
 """
@@ -68,6 +71,10 @@ class RunPaths:
 
   def eval_records(self, name: str) -> Path:
     return self.workdir / "eval_records" / name
+
+  @property
+  def eval_secret(self) -> Path:
+    return self.workdir / "eval_secret"
 
   @property
   def tensorboard(self) -> Path:

@@ -5,7 +5,8 @@ and the only export is the aggregate report (`firewall.check_report`) plus hashe
 
 Public API:
   evaluate(agent, records_dir, settings=EvalSettings(), options=RunOptions()) -> report
-  EvalSettings(tier, seed, cells_per_track, tracks, limits, sandbox_limits)
+  EvalSettings(tier, seed, cells_per_track, tracks, limits, sandbox_limits, secret)
+    (secret: the run's, keying the cells' seeds; `cells.load_or_create_secret(path)`)
   BUILTIN_AGENTS / builtin_factory(name); Agent, AgentFactory, Turn (the agent protocol)
   check_report / export_report / FirewallError; require_complete(report)
   markers_export.export_cells(cells, salt) -> hashed marker export

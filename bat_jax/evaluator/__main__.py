@@ -5,6 +5,10 @@
 Prints progress per cell and the stage table; writes DIR/report.json (aggregate only, checked
 by the firewall). Per-cell records go to --records (default: DIR.records, beside DIR, so the
 export folder never holds them). --markers=PATH also writes the hashed marker export.
+
+The cells' task seeds are keyed by a run secret kept in --secret-file (default:
+<records>/run_secret, created on first use): a rerun with the same file sees the same cells;
+give a baseline's and a candidate's evaluations the same file to pair them for the gate.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from bat_jax import workflow
 from bat_jax.evaluator import markers_export
 from bat_jax.evaluator.agents import BUILTIN_AGENTS
 from bat_jax.evaluator.aggregation import coverage_line
+from bat_jax.evaluator.cells import load_or_create_secret
 from bat_jax.evaluator.evaluate import EvalSettings, evaluate, stage_table
 from bat_jax.evaluator.firewall import export_report
 from bat_jax.evaluator.generators import TIERS
@@ -43,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--cell-timeout-s", type=float, default=RunOptions.cell_timeout_s)
   p.add_argument("--keep-workspaces", action="store_true")
   p.add_argument("--markers", type=Path, default=None, help="also write the hashed markers here")
+  p.add_argument("--secret-file", type=Path, default=None,
+                 help="run secret keying the cells (default: <records>/run_secret); share it "
+                      "between evaluations that must be paired")
   return p
 
 
@@ -64,8 +72,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   records = (args.records or out.with_name(out.name + ".records")).resolve()
   if records == out or records.is_relative_to(out):
     raise SystemExit(f"--records {str(records)!r} must not lie inside the export folder --out")
+  secret_file = (args.secret_file or records / "run_secret").resolve()
+  if secret_file.is_relative_to(out):
+    raise SystemExit(f"--secret-file {str(secret_file)!r} must not lie inside the export "
+                     "folder --out")
   settings = EvalSettings(tier=args.tier, seed=args.seed, cells_per_track=args.cells_per_track,
-                          tracks=tracks, action_space=args.action_space)
+                          tracks=tracks, action_space=args.action_space,
+                          secret=load_or_create_secret(secret_file))
   options = RunOptions(workers=args.workers, cell_timeout_s=args.cell_timeout_s,
                        keep_workspaces=args.keep_workspaces)
   print(f"evaluating agent {args.agent!r}, tier {args.tier}: {len(settings.cells())} cells, "

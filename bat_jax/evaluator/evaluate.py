@@ -18,7 +18,11 @@ from bat_jax.sandbox import SandboxLimits
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
   """What defines the measurement: the cells and the limits (both enter the digests). A run
-  builds it from its config in `bat_jax.run_config.RunConfig.evaluation`."""
+  builds it from its config in `bat_jax.run_config.RunConfig.evaluation`.
+
+  `secret` keys the cells' task seeds (`cells.make_cells`): fresh for each EvalSettings unless
+  given; a run that evaluates baseline and candidate (and resumes) passes its stored one.
+  """
   tier: str = "lite"
   seed: int = 20260816
   cells_per_track: int = 3
@@ -26,10 +30,11 @@ class EvalSettings:
   limits: RolloutLimits = RolloutLimits()
   sandbox_limits: SandboxLimits = SandboxLimits()
   action_space: str = "code"
+  secret: str = dataclasses.field(default_factory=cells_lib.new_secret, repr=False)
 
   def cells(self) -> tuple[cells_lib.Cell, ...]:
     return cells_lib.make_cells(self.seed, self.cells_per_track, self.tier, self.tracks,
-                                self.action_space)
+                                self.action_space, secret=self.secret)
 
 
 def evaluate(agent: str | AgentFactory, records_dir: Path, *,

@@ -28,7 +28,10 @@ the main process ends PID 1 too, so nothing the code started outlives the call.
 Host side. Every call writes an evidence record, also when the harness fails mid-call
 (`limit_hit="harness_error"`, then the error propagates). The workspace is walked only through
 `safe_fs` (no links followed, bounded budgets), and during a call it is renamed into a private,
-randomly named folder, so /proc/self/mountinfo inside shows no host path.
+randomly named folder, so /proc/self/mountinfo inside shows no host path. Under a non-root
+harness the agent owns its files: folders and files whose owner bits it stripped get them back
+before they are walked, moved or removed, and what still cannot be measured counts as over the
+size cap. A launcher the OOM killer takes mid-call is replaced; that call is a memory-limit hit.
 """
 
 from __future__ import annotations
@@ -118,8 +121,8 @@ def _limit_note(limit: str, limits: SandboxLimits) -> str:
       "memory": f"memory limit of {limits.memory_mb} MB hit: an allocation was refused or "
                 "the whole process tree was killed",
       "procs": f"process limit of {limits.max_procs} processes hit: a fork failed",
-      "workspace": f"workspace size limit of {limits.max_workspace_mb} MB hit: the files "
-                   "this call added or changed were removed",
+      "workspace": f"workspace size limit of {limits.max_workspace_mb} MB hit (or a folder "
+                   "could not be measured): the files this call added or changed were removed",
       "workspace_entries": f"workspace holds more than {_WALK.max_entries} entries: the "
                            "entries this call added or changed were removed",
       "workspace_depth": f"workspace is nested deeper than {_WALK.max_depth - 1} folders: "
@@ -143,6 +146,8 @@ def _observation(exit_code: int, stdout: str, stderr: str, note: Optional[str]) 
 
 _WALK = safe_fs.WalkBudget()
 _DISK_LIMITS = ("workspace", "workspace_entries", "workspace_depth")
+# Walk limits that leave the size unknown: over the cap (a folder made unreadable hides nothing).
+_UNMEASURED = ("workspace_bytes", "workspace_unreadable")
 
 
 def _code_problem(code: str) -> Optional[str]:
@@ -267,7 +272,7 @@ class Sandbox:
       stderr = done.stderr.decode("utf-8", "replace")
       limit = limit or _limit_hit(done, stderr)
       found = self._scan()
-      over = "workspace" if found.limit == "workspace_bytes" or \
+      over = "workspace" if found.limit in _UNMEASURED or \
           found.total_bytes > self.limits.max_workspace_mb << 20 else found.limit
       if over is not None or limit in _DISK_LIMITS:  # over a cap: what the call did goes
         limit = limit if limit in _DISK_LIMITS else over
@@ -301,7 +306,7 @@ class Sandbox:
 
     def check() -> Optional[str]:
       limit = workspace_lib.scan(staged, budget, hash_files=False).limit
-      return "workspace" if limit == "workspace_bytes" else limit
+      return "workspace" if limit in _UNMEASURED else limit
     return check
 
   def _launcher(self) -> launcher_lib.Launcher:

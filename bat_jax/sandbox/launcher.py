@@ -24,6 +24,9 @@ _REPLY_BYTES = 4096
 # How long a healthy launcher may take to fork (it does nothing else meanwhile).
 _START_TIMEOUT_S = 30.0
 _OOM_SCORE_ADJ_MIN = -1000
+# Every call's processes: the OOM killer's first choice, before the launcher and the harness
+# (which a non-root harness cannot exempt).
+CALL_OOM_SCORE_ADJ = 1000
 
 
 class LauncherError(RuntimeError):
@@ -35,13 +38,6 @@ class Child:
   """One started bwrap: its host pid and a pidfd (owned: `Launcher.finish` closes it)."""
   pid: int
   pidfd: int
-
-
-def _own_oom_score_adj() -> int:
-  try:
-    return int(Path("/proc/self/oom_score_adj").read_text())
-  except (OSError, ValueError):
-    return 0
 
 
 class Launcher:
@@ -65,7 +61,6 @@ class Launcher:
       theirs.close()
     self._sock = ours
     self._owner = os.getpid()  # a forked copy of the harness must not use or stop it
-    self._oom_score_adj = _own_oom_score_adj()
     try:
       try:  # root only: an OOM in the group then kills the call, never the launcher
         Path(f"/proc/{self._proc.pid}/oom_score_adj").write_text(str(_OOM_SCORE_ADJ_MIN))
@@ -86,6 +81,14 @@ class Launcher:
     """Running, and this process's (not a forked copy's)."""
     return os.getpid() == self._owner and self._proc.poll() is None
 
+  def exited(self, timeout: float) -> bool:
+    """Whether the launcher process has exited (waiting up to `timeout` for it to)."""
+    try:
+      self._proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      return False
+    return True
+
   def start(self, argv: Sequence[str], stdout: int, stderr: int, extra_fds: Sequence[int], *,
             run_as: Optional[int] = None,
             rlimits: Sequence[tuple[int, int, int]] = ()) -> Child:
@@ -96,7 +99,7 @@ class Launcher:
       LauncherError: the launcher is gone or did not answer.
     """
     head = json.dumps({"run_as": run_as, "rlimits": [list(r) for r in rlimits],
-                       "oom_score_adj": self._oom_score_adj}).encode()
+                       "oom_score_adj": CALL_OOM_SCORE_ADJ}).encode()
     body = head + b"\n" + b"\0".join(os.fsencode(a) for a in argv)
     try:
       socket.send_fds(self._sock, [body], [stdout, stderr, *extra_fds])

@@ -13,8 +13,9 @@ at a time over the SOCK_SEQPACKET socket FD:
 
 The child leads a new session, takes the rlimits (inherited by everything bwrap starts), drops
 to uid and gid `run_as` with no supplementary groups (as root; bwrap then makes a user
-namespace for that uid), and takes the harness's OOM score (the launcher itself is exempt from the OOM killer, so an OOM in the
-group kills the call, never the launcher). When the harness goes away (EOF on the socket, or
+namespace for that uid), and takes the OOM score it is sent (the highest: the call is the OOM
+killer's first choice; a root launcher is also exempt, so an OOM in the group kills the call,
+never the launcher). When the harness goes away (EOF on the socket, or
 anything arriving mid-call), the running call is SIGKILLed and the launcher exits. It is a
 child subreaper, so it reaps whatever of a call outlives bwrap before it reports the status.
 """

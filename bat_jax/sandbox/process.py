@@ -3,6 +3,10 @@
 `run_bwrap` is the only place a sandbox process is started (through a `launcher.Launcher`).
 Whatever happens (a limit, a monitor raising, the harness interrupted), it returns or raises
 only after the sandbox's PID 1, hence every process of the call, is gone.
+
+A launcher the OOM killer took mid-call (a non-root harness cannot exempt it; cgroup v2's group
+kill takes every process of the group) is not an error of the harness: the call is killed and
+returned as a memory-limit hit, and the Sandbox starts a fresh launcher for the next call.
 """
 
 from __future__ import annotations
@@ -112,6 +116,7 @@ class _Watch:
   total: int = 0
   stopped: Optional[str] = None  # "wall", "output", "memory" or a `watch` limit
   oom_base: int = 0  # the group's OOM-kill count before the call
+  host_oom_base: int = 0  # the kernel's (every group's) OOM-kill count before the call
   returncode: Optional[int] = None
 
   def kill(self) -> None:
@@ -139,6 +144,7 @@ def _start(argv: Sequence[str], fds: CallFds, launcher: Launcher, run_as: Option
   pipes = {"stdout": os.pipe(), "stderr": os.pipe()}
   try:
     oom_base = launcher.group.oom_kills() if launcher.group is not None else 0
+    host_oom_base = host_oom_kills()
     child = launcher.start(argv, pipes["stdout"][1], pipes["stderr"][1], fds.passed(),
                            run_as=run_as, rlimits=rlimits)
   except BaseException:
@@ -150,7 +156,39 @@ def _start(argv: Sequence[str], fds: CallFds, launcher: Launcher, run_as: Option
     fds.close("info_w", "seccomp")  # bwrap has its copies
   for _, w in pipes.values():
     os.close(w)
-  return _Watch(launcher, child, {k: r for k, (r, _) in pipes.items()}, fds, oom_base=oom_base)
+  return _Watch(launcher, child, {k: r for k, (r, _) in pipes.items()}, fds, oom_base=oom_base,
+                host_oom_base=host_oom_base)
+
+
+def host_oom_kills() -> int:
+  """The kernel's OOM-kill count since boot, memory cgroups' included (0 if unreadable)."""
+  try:
+    with open("/proc/vmstat", "rb") as f:
+      for line in f:
+        if line.startswith(b"oom_kill "):
+          return int(line.split()[1])
+  except (OSError, ValueError):
+    pass
+  return 0
+
+
+def _after_lost_launcher(w: _Watch) -> None:
+  """The launcher died mid-call. Kills what is left of the call and waits for it, then closes
+  the launcher (the Sandbox starts a new one). An OOM kill during the call (in the group or on
+  the host) makes it a memory-limit hit; otherwise the launcher's loss is a LauncherError."""
+  alive = [fd for fd in (w.pid1_fd, w.child.pidfd) if fd is not None]
+  for fd in alive:
+    _sigkill(fd)
+  for fd in alive:  # a pidfd polls readable once its process has exited
+    select.select([fd], [], [], _REAP_TIMEOUT_S)
+  group = w.launcher.group
+  oom = (group is not None and group.oom_kills() > w.oom_base) or \
+      host_oom_kills() > w.host_oom_base
+  w.launcher.close()
+  if not oom:
+    raise LauncherError(f"sandbox launcher (pid {w.launcher.pid}) died during a call, and no "
+                        "OOM kill explains it")
+  w.returncode, w.stopped = -signal.SIGKILL, "memory"
 
 
 def _on_read(w: _Watch, what: str, chunk: bytes, max_output_bytes: int) -> None:
@@ -250,7 +288,12 @@ def run_bwrap(argv: list[str], fds: CallFds, *, wall_s: float, max_output_bytes:
   w = _start(argv, fds, launcher, run_as, rlimits)
   try:
     _pump(w, deadline, max_output_bytes, max_memory_bytes, watch)
-    _reap(w, deadline)
+    try:
+      _reap(w, deadline)
+    except LauncherError:
+      if not launcher.exited(_KILL_GRACE_S):
+        raise
+      _after_lost_launcher(w)
   except BaseException:
     _kill_after_error(w)  # never leave a sandbox running behind an exception
     raise

@@ -6,6 +6,12 @@ planted symlink nor a linked folder on the way leads outside; a final open uses 
 a FIFO cannot block, then `fstat` must say regular file and the size must fit the caller's cap.
 Walks are iterative over directory fds (never recursion, never PATH_MAX-long strings) with depth,
 entry and byte budgets: going over is reported as a limit, never raised.
+
+Permissions. A non-root harness runs the code under its own uid, so the agent can strip the
+owner's bits of what it made (`chmod 000 dir`, a folder without x). Walks and removal give such
+entries their owner bits back first (`restore_owner_bits`, never through a link); what still
+cannot be listed or measured ends the walk as "workspace_unreadable", which callers count as
+over the size cap (fail closed), never as empty.
 """
 
 from __future__ import annotations
@@ -54,6 +60,39 @@ def _parts(rel: str) -> list[str]:
 def open_dir(root: PathLike) -> int:
   """An O_RDONLY fd of the (harness-chosen) root folder itself; the root may not be a link."""
   return os.open(root, _DIR_FLAGS)
+
+
+def restore_owner_bits(parent: Optional[int], name: PathLike) -> None:
+  """Gives folder / regular file parent/name back its owner's rwx / rw bits when this process
+  owns it (what the agent may strip under a non-root harness; root reads regardless). Never
+  follows a link: the chmod goes through an O_PATH fd of the entry itself."""
+  fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+  try:
+    st = os.fstat(fd)
+    need = 0o700 if stat.S_ISDIR(st.st_mode) else 0o600
+    if (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)) and \
+        st.st_uid == os.geteuid() and st.st_mode & need != need:
+      os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) | need)
+  finally:
+    os.close(fd)
+
+
+def _lacks_owner_bits(st: os.stat_result) -> bool:
+  return st.st_uid == os.geteuid() and st.st_mode & 0o700 != 0o700
+
+
+def _open_listed(parent: Optional[int], name: PathLike,
+                 st: os.stat_result) -> tuple[int, list[str]]:
+  """(fd, sorted names) of folder parent/name (lstat `st`), its owner bits restored first when
+  stripped."""
+  if _lacks_owner_bits(st):
+    restore_owner_bits(parent, name)
+  fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+  try:
+    return fd, _sorted_names(fd)
+  except BaseException:
+    os.close(fd)
+    raise
 
 
 def _parent_of(root: PathLike, rel: str) -> tuple[int, str]:
@@ -242,15 +281,20 @@ def walk(root: PathLike, budget: WalkBudget = WalkBudget(),
 
   `visit(entry)` is called for each non-folder entry and returns the bytes it consumed (counted
   against budget.max_bytes); `visit_dir` for each folder before it is entered (returning False
-  skips it). Returns None or the limit hit: "workspace_entries" or "workspace_bytes" (the walk
-  stopped there) or "workspace_depth" (folders that deep were not entered; the rest was walked).
+  skips it). Folders whose owner bits were stripped get them back (module docstring). Returns
+  None or the limit hit: "workspace_entries", "workspace_bytes" or "workspace_unreadable" (a
+  folder that could not be listed or measured; the walk stopped there) or "workspace_depth"
+  (folders that deep were not entered; the rest was walked).
   """
   entries = used = 0
   too_deep = False
   stack: list[tuple[int, str, Iterator[str]]] = []
   try:
-    top = open_dir(root)
-    stack.append((top, "", iter(_sorted_names(top))))
+    try:
+      top, names = _open_listed(None, root, os.lstat(root))
+    except PermissionError:
+      return "workspace_unreadable"
+    stack.append((top, "", iter(names)))
     while stack:
       fd, prefix, names = stack[-1]
       name = next(names, None)
@@ -264,6 +308,8 @@ def walk(root: PathLike, budget: WalkBudget = WalkBudget(),
         st = os.lstat(name, dir_fd=fd)
       except FileNotFoundError:
         continue
+      except PermissionError:  # its folder lost x meanwhile: it cannot be measured
+        return "workspace_unreadable"
       entry = Entry(f"{prefix}{name}", name, fd, st)
       if not stat.S_ISDIR(st.st_mode):
         used += visit(entry) if visit is not None else st.st_size
@@ -276,12 +322,14 @@ def walk(root: PathLike, budget: WalkBudget = WalkBudget(),
       if visit_dir is not None and visit_dir(entry) is False:
         continue
       try:
-        sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+        sub, names = _open_listed(fd, name, st)
       except OSError as e:
-        if e.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.EACCES):
-          continue  # vanished / swapped for a link / unreadable: not walked, never followed
+        if e.errno in (errno.EACCES, errno.EPERM):
+          return "workspace_unreadable"  # what it holds is unknown: never counted as nothing
+        if e.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+          continue  # vanished / swapped for a link: not walked, never followed
         raise
-      stack.append((sub, f"{entry.rel}/", iter(_sorted_names(sub))))
+      stack.append((sub, f"{entry.rel}/", iter(names)))
     return "workspace_depth" if too_deep else None
   finally:
     for fd, _, _ in stack:
@@ -329,11 +377,10 @@ _MAX_HELD_FDS = 16
 
 
 def _open_clearable(parent: int, name: str) -> int:
-  try:
-    return os.open(name, _DIR_FLAGS, dir_fd=parent)
-  except PermissionError:
-    os.chmod(name, 0o700, dir_fd=parent)  # a 000 folder the agent made (non-root harness)
-    return os.open(name, _DIR_FLAGS, dir_fd=parent)
+  """fd of folder parent/name with its owner's rwx (to list, stat and unlink in it): a folder
+  the agent stripped (non-root harness) gets them back, never through a link."""
+  restore_owner_bits(parent, name)
+  return os.open(name, _DIR_FLAGS, dir_fd=parent)
 
 
 def _clear_dir(parent: int, name: str) -> None:

@@ -59,14 +59,23 @@ def scan(workspace: Path, budget: safe_fs.WalkBudget = safe_fs.WalkBudget(), *,
       fp[entry.rel] = hashlib.sha256(_SYMLINK_PREFIX + os.fsencode(target)).hexdigest()
     elif kind == "file":
       try:
-        fp[entry.rel], size = safe_fs.file_sha256(entry.dir_fd, entry.name,
-                                                  budget.max_bytes)
-      except (safe_fs.UnsafeFileError, FileNotFoundError):
-        pass  # swapped for a link / special file since lstat: not content
+        fp[entry.rel], size = _file_digest(entry, budget.max_bytes)
+      except (safe_fs.UnsafeFileError, FileNotFoundError, PermissionError):
+        pass  # swapped for a link / special file since lstat, or unreadable: not content
     return size  # fifo, socket, device: not content the rubric can read
 
   limit = safe_fs.walk(workspace, budget, visit)
   return Scan(dict(sorted(fp.items())), total, limit)
+
+
+def _file_digest(entry: safe_fs.Entry, max_bytes: int) -> tuple[str, int]:
+  """file_sha256 of a walked file; one the agent made unreadable (non-root harness) gets its
+  owner's rw bits back first."""
+  try:
+    return safe_fs.file_sha256(entry.dir_fd, entry.name, max_bytes)
+  except PermissionError:
+    safe_fs.restore_owner_bits(entry.dir_fd, entry.name)
+    return safe_fs.file_sha256(entry.dir_fd, entry.name, max_bytes)
 
 
 def fingerprint(workspace: Path) -> dict[str, str]:
@@ -244,8 +253,12 @@ def staged(workspace: Path, stage: Optional[Path]) -> Iterator[Path]:
     yield workspace
     return
   hidden = stage / secrets.token_hex(8)
+  # Moving a folder to another parent needs write permission on it: the agent may have taken
+  # that away (`chmod 555 /workspace` under a non-root harness); it is given back each way.
+  safe_fs.restore_owner_bits(None, workspace)
   os.rename(workspace, hidden)
   try:
     yield hidden
   finally:
+    safe_fs.restore_owner_bits(None, hidden)
     os.rename(hidden, workspace)

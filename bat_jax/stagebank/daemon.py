@@ -97,6 +97,7 @@ def wait_for_round(bank: Path, round_index: int, timeout: float, *, poll_s: floa
   Raises:
     RoundFailed: the server wrote a failure file for this round.
     RoundExistsError: the published round's weights differ from the pending request's.
+    RoundFormatError: the published folder's manifest is malformed or names another round.
     TimeoutError: nothing appeared within `timeout` seconds.
   """
   final = Path(bank) / shards.round_dirname(round_index)
@@ -104,6 +105,7 @@ def wait_for_round(bank: Path, round_index: int, timeout: float, *, poll_s: floa
   deadline = time.monotonic() + timeout
   while True:
     if (final / shards.MANIFEST).is_file():
+      shards.load_manifest(final)  # a round copied in under this index is refused, named
       request = _request_path(bank, round_index)
       if request.is_file():
         _check_published_weights(bank, round_index, json.loads(request.read_text())["weights"])

@@ -183,7 +183,25 @@ def load_manifest(round_dir: Path) -> dict[str, Any]:
   if total != sum(s["rows"] for s in shards.values()):
     raise RoundFormatError(f"{path}: field 'total_rows' {total!r} is not the sum of the shard "
                            "row counts")
+  _check_round_identity(Path(round_dir), path, manifest)
   return manifest
+
+
+def _check_round_identity(round_dir: Path, path: Path, manifest: Mapping[str, Any]) -> None:
+  """A `round_NNNNNN` folder must hold round NNNNNN's manifest: a round copied or moved under
+  another index would otherwise train (and resume) on the wrong curriculum weights."""
+  found = _ROUND_RE.match(round_dir.name)
+  if found is None:
+    return  # not a round folder (the SFT rows' folder)
+  want = int(found.group(1))
+  config = manifest.get("config")
+  named = {"round": manifest.get("round"),
+           "config.round": config.get("round") if isinstance(config, Mapping) else want}
+  for field, got in named.items():
+    if isinstance(got, bool) or got != want:
+      raise RoundFormatError(f"{path}: field {field!r} names round {got!r}, but the folder "
+                             f"{round_dir.name} is round {want}: refusing a manifest of another "
+                             "round")
 
 
 def _check_shard_entry(path: Path, pool: str, shard: Any) -> None:

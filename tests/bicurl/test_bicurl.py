@@ -6,6 +6,7 @@ launch.py checks have their own files.
 """
 
 import json
+import os
 import shutil
 
 import jax
@@ -132,6 +133,12 @@ def test_end_to_end_run_writes_every_artifact(finished_run):
     assert paths.round_checkpoints(r).is_dir()
   for phase in ("sft", "evaluation", "rollout", "update"):
     assert report["phase_seconds"][phase] > 0, phase
+  # One run secret keys the held-out cells: every evaluation saw the same cells (the gate's
+  # pairing), and the secret lives host-side only, readable by the run alone.
+  assert os.stat(paths.eval_secret).st_mode & 0o777 == 0o600
+  digests = {json.loads(paths.eval_report(p).read_text())["cell_set_digest"]
+             for p in _policies(cfg)}
+  assert len(digests) == 1
 
 
 def test_end_to_end_rounds_follow_the_curriculum_and_the_gate(finished_run):

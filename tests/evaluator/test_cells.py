@@ -10,8 +10,11 @@ from bat_jax.rollout_protocol import RolloutLimits
 from bat_jax.sandbox import SandboxLimits
 
 
+KEY = "5e" * 32  # a fixed run secret
+
+
 def test_same_settings_give_the_same_cells():
-  a, b = make_cells(7, 4, "lite"), make_cells(7, 4, "lite")
+  a, b = make_cells(7, 4, "lite", secret=KEY), make_cells(7, 4, "lite", secret=KEY)
   assert a == b and len(a) == 4 * len(workflow.TRACKS)
   assert cell_set_digest(a) == cell_set_digest(tuple(reversed(b)))
   per_track = [c for c in a if c.track == "vqa"]
@@ -19,10 +22,11 @@ def test_same_settings_give_the_same_cells():
 
 
 def test_digests_change_with_what_is_measured():
-  base = make_cells(7, 3, "lite")
-  assert cell_set_digest(make_cells(8, 3, "lite")) != cell_set_digest(base)
-  assert cell_set_digest(make_cells(7, 3, "standard")) != cell_set_digest(base)
-  assert cell_set_digest(make_cells(7, 2, "lite")) != cell_set_digest(base)
+  base = make_cells(7, 3, "lite", secret=KEY)
+  assert cell_set_digest(make_cells(8, 3, "lite", secret=KEY)) != cell_set_digest(base)
+  assert cell_set_digest(make_cells(7, 3, "standard", secret=KEY)) != cell_set_digest(base)
+  assert cell_set_digest(make_cells(7, 2, "lite", secret=KEY)) != cell_set_digest(base)
+  assert cell_set_digest(make_cells(7, 3, "lite", secret="a" * 64)) != cell_set_digest(base)
   limits, sandbox = RolloutLimits(), SandboxLimits()
   ref = protocol_digest(base, limits, sandbox)
   assert ref == protocol_digest(base, limits, sandbox)

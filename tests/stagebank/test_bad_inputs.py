@@ -178,3 +178,29 @@ def test_bad_marker_exports_are_named(tmp_path):
     path.write_bytes(text.encode("utf-8", "surrogateescape"))
     with pytest.raises(ValueError, match=f"marker export .*{name}.json"):
       build.load_matcher(path)
+
+
+@pytest.mark.parametrize("how", ["copied_under_another_index", "manifest_edited"])
+def test_a_round_whose_manifest_names_another_round_is_refused(round_dir, how):
+  """Round 2 copied in as round 5 (every digest and the receipt still match), or its manifest
+  edited to say round 7: the reader, verify_round and the daemon's wait refuse it, naming the
+  manifest and both rounds."""
+  import shutil
+  from bat_jax.stagebank import daemon
+  if how == "copied_under_another_index":
+    target, named, field = round_dir.parent / shards.round_dirname(5), 2, "round"
+    shutil.copytree(round_dir, target)
+    index = 5
+  else:
+    target, named, field, index = round_dir, 7, "config.round", 2
+    _edit(["config", "round"], 7)(round_dir)
+  message = (f"{target / shards.MANIFEST}: field '{field}' names round {named}, but the "
+             f"folder {target.name} is round {index}")
+  with pytest.raises(shards.RoundFormatError, match=message):
+    shards.verify_round(target)
+  with pytest.raises(shards.RoundFormatError, match=message):
+    reader.RoundReader(target)
+  with pytest.raises(shards.RoundFormatError, match=message):
+    daemon.wait_for_round(round_dir.parent, index, timeout=1)
+  if how == "copied_under_another_index":
+    assert shards.verify_round(round_dir)["round"] == 2  # the original still reads
