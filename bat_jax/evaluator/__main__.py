@@ -4,7 +4,10 @@
 
 Prints progress per cell and the stage table; writes DIR/report.json (aggregate only, checked
 by the firewall). Per-cell records go to --records (default: DIR.records, beside DIR, so the
-export folder never holds them). --markers=PATH also writes the hashed marker export.
+export folder never holds them). --markers=PATH also writes the hashed marker export, which the
+Stage Bank's leak pre-check reads; `--markers-only` writes just that (no evaluation, no --out):
+
+  python -m bat_jax.evaluator --markers-only --markers=runs/markers.json [--tier=lite --seed=S]
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--agent", choices=BUILTIN_AGENTS, default="oracle")
   p.add_argument("--tier", choices=TIERS, default="lite")
   p.add_argument("--action-space", choices=workflow.ACTION_SPACES, default="code")
-  p.add_argument("--out", type=Path, required=True, help="export folder (report.json)")
+  p.add_argument("--out", type=Path, default=None,
+                 help="export folder (report.json); required unless --markers-only")
   p.add_argument("--records", type=Path, default=None,
                  help="evaluator-side per-cell records (default: <out>.records)")
   p.add_argument("--seed", type=int, default=EvalSettings.seed)
@@ -43,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--cell-timeout-s", type=float, default=RunOptions.cell_timeout_s)
   p.add_argument("--keep-workspaces", action="store_true")
   p.add_argument("--markers", type=Path, default=None, help="also write the hashed markers here")
+  p.add_argument("--markers-only", action="store_true",
+                 help="only write the --markers export of the held-out cells, evaluate nothing")
   return p
 
 
@@ -60,12 +66,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   unknown = [t for t in tracks if t not in workflow.TRACKS]
   if unknown:
     raise SystemExit(f"--tracks: unknown track(s) {unknown}; expected {workflow.TRACKS}")
+  settings = EvalSettings(tier=args.tier, seed=args.seed, cells_per_track=args.cells_per_track,
+                          tracks=tracks, action_space=args.action_space)
+  if args.markers_only:
+    if args.markers is None:
+      raise SystemExit("--markers-only needs --markers=PATH (where to write the export)")
+    markers_export.write_export(markers_export.export_cells(settings.cells()), args.markers)
+    print(f"markers: {args.markers} ({len(settings.cells())} held-out cells)")
+    return 0
+  if args.out is None:
+    raise SystemExit("--out is required (the export folder), unless --markers-only")
   out = args.out.resolve()
   records = (args.records or out.with_name(out.name + ".records")).resolve()
   if records == out or records.is_relative_to(out):
     raise SystemExit(f"--records {str(records)!r} must not lie inside the export folder --out")
-  settings = EvalSettings(tier=args.tier, seed=args.seed, cells_per_track=args.cells_per_track,
-                          tracks=tracks, action_space=args.action_space)
   options = RunOptions(workers=args.workers, cell_timeout_s=args.cell_timeout_s,
                        keep_workspaces=args.keep_workspaces)
   print(f"evaluating agent {args.agent!r}, tier {args.tier}: {len(settings.cells())} cells, "
