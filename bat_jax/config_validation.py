@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 
 from ml_collections import ConfigDict
 
-from bat_jax import workflow
+from bat_jax import config_bounds, workflow
 from bat_jax.curriculum import CurriculumConfig
 from bat_jax.evaluator.evaluate import EvalSettings
 from bat_jax.evaluator.external import ExternalEvaluator
@@ -331,7 +331,10 @@ def field_problems(cfg: ConfigDict) -> list[str]:
       section_check(ck)
     except KeyError as e:
       ck.errors.append(f"config: missing field {e}")
-  return ck.errors
+  # The documented range of every numeric field (bat_jax.config_bounds), for the fields that
+  # the checks above did not already refuse.
+  named = frozenset(e.split(":", 1)[0].removeprefix("config.") for e in ck.errors)
+  return ck.errors + config_bounds.bound_problems(cfg, skip=named)
 
 
 def typed_sections(cfg: ConfigDict) -> dict[str, Any]:
