@@ -1,13 +1,16 @@
 """The checks of a run config that no single section's dataclass can make, naming each bad field.
 
 The ConfigDict lock already rejects misspelt fields and ml_collections rejects wrong types;
-`bat_jax.run_config.RunConfig.from_config` builds the sections the code owns a dataclass for
-(SamplingParams, RolloutLimits, SandboxLimits, CurriculumConfig, GateThresholds, EvalSettings),
-whose own checks refuse bad values. What is left here: enumerations checked against the code's
+`typed_sections` builds the sections the code owns a dataclass for (SamplingParams,
+RolloutLimits, SandboxLimits, CurriculumConfig, GateThresholds, EvalSettings), whose own checks
+refuse bad values. What is left here: enumerations checked against the code's
 registries (GRPO advantage, KL, loss-aggregation, schedule and remat registries; supported
 model types; mesh axes; evaluator tiers), ranges of sections that stay ConfigDicts, and checks
-across fields (batch divisibility, tokenizer vs model vocabulary, cache vs context length).
-Every problem is one line `config.<path>: <what is wrong>`.
+across fields (batch divisibility, tokenizer vs model vocabulary, cache vs context length), and
+the documented range of every numeric field (`bat_jax.config_bounds.BOUNDS`). `typed_sections`
+then builds the dataclass sections; `RunConfig.from_config` assembles them (this module does not
+import `run_config`: validating is building, in one direction). Every problem is one line
+`config.<path>: <what is wrong>`.
 """
 
 from __future__ import annotations

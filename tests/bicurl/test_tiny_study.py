@@ -87,3 +87,13 @@ def test_modes_without_a_target_show_none():
   assert rows["uniform"].endswith("| - |") and rows["e2e_only"].endswith("| - |")
   assert "| argmin | 0 | S3 |" in md  # the target table lists argmin's round ...
   assert "| uniform | 0 | S1 |" not in md and "| e2e_only | 0 | S1 |" not in md  # not theirs
+
+
+def test_study_validates_every_run_before_starting(tmp_path, capsys):
+  root = tmp_path / "study"
+  code = tiny_study.main([f"--root={root}", "--modes=argmin,uniform", "--seeds=0,1", "--",
+                          "--config.grpo.stepz=1"])
+  assert code == 2
+  err = capsys.readouterr().err
+  assert "nothing started" in err and "argmin seed 0: --config.grpo.stepz=1: no config field" in err
+  assert not root.exists()
