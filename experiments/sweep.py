@@ -43,7 +43,7 @@ from bat_jax import workflow  # noqa: E402
 from bat_jax.bicurl.report import standard_error  # noqa: E402
 from bat_jax.io_utils import atomic_write_json, atomic_write_text  # noqa: E402
 
-CONFIG = "configs/tiny.py"
+CONFIG = str(ROOT / "configs" / "tiny.py")
 Reports = dict[str, dict[int, dict[str, Any]]]  # variant -> seed -> report.json
 
 
@@ -134,6 +134,15 @@ def validate_runs(config: str, runs: Sequence[Run]) -> list[str]:
     except ConfigError as e:
       problems.append(f"{run.name}: " + "; ".join(l.strip() for l in str(e).splitlines()[1:]))
   return problems
+
+
+def config_path(config: str) -> str:
+  """`configs/x.py[:arg]` made absolute (from here, else from the repository), so that the
+  validation here and the runs (started in the repository) read the same file."""
+  path, colon, arg = config.partition(":")
+  here = Path(path).absolute()
+  full = here if here.exists() or Path(path).is_absolute() else ROOT / path
+  return f"{full}{colon}{arg}"
 
 
 # --- running -----------------------------------------------------------------------------------
@@ -357,15 +366,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if not variants or not seeds:
     parser.error("nothing to run: no variants or no seeds")
   runs = make_runs(args.root.absolute(), variants, seeds, shared)
+  config = config_path(args.config)
   failed: list[Run] = []
   if not args.collect_only:
-    problems = validate_runs(args.config, runs)
+    problems = validate_runs(config, runs)
     if problems:
       print("sweep: nothing started; invalid runs:\n  " + "\n  ".join(problems), file=sys.stderr)
       return 2
     print(f"sweep: {len(runs)} runs ({len(variants)} variant(s) x {len(seeds)} seed(s)), "
           f"configs valid", flush=True)
-    failed = run_all(args.config, runs, parallel=args.parallel, launch=args.launch,
+    failed = run_all(config, runs, parallel=args.parallel, launch=args.launch,
                      progress=lambda line: print(line, flush=True))
   text = write_outputs(args.root.absolute(), collect(runs), "sweep",
                        "Sweep " + (args.sweep or " x ".join(f for f, _ in parse_grid(args.grid))
