@@ -15,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from bat_jax import workflow  # noqa: E402
 from bat_jax.bicurl.state import OuterState  # noqa: E402
@@ -183,11 +184,15 @@ def rewards_kl_figure(steps: list[dict[str, Any]]) -> Any:
   if not applied:
     a2.text(0.5, 0.5, KL_NOTE.format(steps=len(steps)), ha="center", va="center",
             transform=a2.transAxes, fontsize=8, wrap=True)
+    a2.set_yticks([])
+    if steps:
+      a2.set_xlim(0.5, len(steps) + 0.5)
   if not steps:
     a1.text(0.5, 0.5, "no GRPO steps yet", ha="center", va="center", transform=a1.transAxes,
             fontsize=8)
   for a in (a1, a2):
     a.set_xlabel("GRPO step (all rounds)")
+    a.xaxis.set_major_locator(MaxNLocator(integer=True))
   fig.tight_layout()
   return fig
 
