@@ -1,14 +1,15 @@
 r"""Runs BiCuRL: `python launch.py --config=configs/tiny.py --workdir=DIR [--config.x.y=v ...]`.
 
 Configs are locked ml_collections ConfigDicts loaded with `config_flags`: an override of a field
-that does not exist (`--config.grpo.lrr=1e-6`) or of the wrong type fails before anything runs,
-and `bat_jax.config_validation` then checks every value, naming each bad field. Rerunning the
-same command on the same workdir resumes a killed run.
+that does not exist (`--config.grpo.lrr=1e-6`) or of the wrong type, a missing config file and
+an unusable `--workdir` each fail before anything runs with one line naming the flag
+(`bat_jax.config_loading`), and `bat_jax.config_validation` then checks every value, naming
+each bad field. Rerunning the same command on the same workdir resumes a killed run; a finished
+run ends with a short summary of its scores and where its report, plots and policies are.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -39,24 +40,49 @@ def initialize_distributed(section) -> None:
     sharding.maybe_initialize_distributed()
 
 
+def _fail(message: str) -> None:
+  print(f"launch.py: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing with one-line errors instead of tracebacks: the config file and its
+  overrides load, and --workdir is usable, before anything else is imported or run."""
+  from bat_jax.config_loading import ConfigLoadError, directory_problem, parse_flags as parse
+  try:
+    rest = parse(flags.FLAGS, argv, _CONFIG)
+  except ConfigLoadError as e:
+    _fail(str(e))
+  problem = directory_problem(flags.FLAGS.workdir)
+  if problem:
+    _fail(problem)
+  return rest
+
+
+def _validate(cfg) -> None:
+  """Every value of the config; one problem is one line, several are one line each."""
+  from bat_jax.config_validation import ConfigError, validate_config
+  try:
+    validate_config(cfg)
+  except ConfigError as e:
+    problems = str(e).splitlines()[1:]
+    _fail(f"invalid config: {problems[0].strip()}" if len(problems) == 1 else str(e))
+
+
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    _fail(f"unexpected arguments: {argv[1:]}")
   # Before JAX starts its threads: XLA:CPU's per-step buffers reuse freed pages instead of
   # faulting them in again (see bat_jax/host_memory.py; ~17% of the tiny GRPO step).
   from bat_jax import host_memory
   host_memory.retain_freed_memory()
+  cfg = _CONFIG.value
+  _validate(cfg)
   # Library INFO logs (orbax writes several lines per save) stay out; the loop's own stay in.
   absl_logging.set_verbosity(absl_logging.WARNING)
   logging.getLogger("bat_jax").setLevel(logging.INFO)
   from bat_jax import bicurl  # after flag parsing: `--help` stays fast
-  from bat_jax.config_validation import ConfigError, validate_config
-  cfg = _CONFIG.value
-  try:
-    validate_config(cfg)
-  except ConfigError as e:
-    print(e, file=sys.stderr)
-    return 2
+  from bat_jax.bicurl.report import run_summary
   if cfg.memory.layout == "timeshare":  # no pool: between steps JAX holds only its live arrays
     os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -70,10 +96,9 @@ def main(argv: list[str]) -> int:
     jax.config.update("jax_compilation_cache_dir", os.path.join(_WORKDIR.value, "xla_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
   report = bicurl.run(cfg, _WORKDIR.value)
-  print(json.dumps({"evaluations": report["evaluations"], "phase_seconds": report["phase_seconds"]},
-                   indent=1))
+  print(run_summary(report, _WORKDIR.value))
   return 0
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -1,13 +1,16 @@
 """The checks of a run config that no single section's dataclass can make, naming each bad field.
 
 The ConfigDict lock already rejects misspelt fields and ml_collections rejects wrong types;
-`bat_jax.run_config.RunConfig.from_config` builds the sections the code owns a dataclass for
-(SamplingParams, RolloutLimits, SandboxLimits, CurriculumConfig, GateThresholds, EvalSettings),
-whose own checks refuse bad values. What is left here: enumerations checked against the code's
+`typed_sections` builds the sections the code owns a dataclass for (SamplingParams,
+RolloutLimits, SandboxLimits, CurriculumConfig, GateThresholds, EvalSettings), whose own checks
+refuse bad values. What is left here: enumerations checked against the code's
 registries (GRPO advantage, KL, loss-aggregation, schedule and remat registries; supported
 model types; mesh axes; evaluator tiers), ranges of sections that stay ConfigDicts, and checks
-across fields (batch divisibility, tokenizer vs model vocabulary, cache vs context length).
-Every problem is one line `config.<path>: <what is wrong>`.
+across fields (batch divisibility, tokenizer vs model vocabulary, cache vs context length), and
+the documented range of every numeric field (`bat_jax.config_bounds.BOUNDS`). `typed_sections`
+then builds the dataclass sections; `RunConfig.from_config` assembles them (this module does not
+import `run_config`: validating is building, in one direction). Every problem is one line
+`config.<path>: <what is wrong>`.
 """
 
 from __future__ import annotations
@@ -18,14 +21,20 @@ from typing import Any, Callable, Iterable
 
 from ml_collections import ConfigDict
 
-from bat_jax import workflow
+from bat_jax import config_bounds, workflow
+from bat_jax.curriculum import CurriculumConfig
+from bat_jax.evaluator.evaluate import EvalSettings
+from bat_jax.evaluator.external import ExternalEvaluator
 from bat_jax.evaluator.generators import TIERS as EVALUATOR_TIERS
+from bat_jax.gate import GateThresholds
 from bat_jax.grpo import ADVANTAGE_ESTIMATORS
 from bat_jax.grpo.loss import validate_loss_config
 from bat_jax.model.attention import ATTENTION_IMPLS
 from bat_jax.model.compact_chat import PREAMBLES as TOOL_PREAMBLES
 from bat_jax.model.config import SUPPORTED_MODEL_TYPES
+from bat_jax.rollout.engine import SamplingParams
 from bat_jax.rollout.sglang_launcher import SERVER_MODULES, SERVING_DTYPES
+from bat_jax.rollout_protocol import RolloutLimits
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.sharding import MESH_AXES
 from bat_jax.train import REMAT_POLICIES, SCHEDULES
@@ -325,14 +334,56 @@ def field_problems(cfg: ConfigDict) -> list[str]:
       section_check(ck)
     except KeyError as e:
       ck.errors.append(f"config: missing field {e}")
-  return ck.errors
+  # The documented range of every numeric field (bat_jax.config_bounds), for the fields that
+  # the checks above did not already refuse.
+  named = frozenset(e.split(":", 1)[0].removeprefix("config.") for e in ck.errors)
+  return ck.errors + config_bounds.bound_problems(cfg, skip=named)
 
 
-def validate_config(cfg: ConfigDict) -> None:
-  """Checks every section of a run config (by building its `RunConfig`).
+def typed_sections(cfg: ConfigDict) -> dict[str, Any]:
+  """Every check here, then the sections the code owns a dataclass for, built (their own
+  checks refuse bad values): dotted section path -> SamplingParams, RolloutLimits,
+  SandboxLimits, CurriculumConfig, GateThresholds, EvalSettings (and ExternalEvaluator).
 
   Raises:
     ConfigError: listing every invalid field as `config.<path>: <problem>`.
   """
-  from bat_jax.run_config import RunConfig  # pylint: disable=import-outside-toplevel
-  RunConfig.from_config(cfg)
+  errors = field_problems(cfg)
+  typed: dict[str, Any] = {}
+
+  def build(path: str, make: Callable[[], Any]) -> None:
+    try:
+      typed[path] = make()
+    except (ValueError, TypeError) as e:
+      message = str(e)  # the section parsers already start with their path
+      errors.append(f"config.{message}" if message.startswith(path + ".") or
+                    message.startswith(path + ":") else f"config.{path}: {message}")
+    except KeyError as e:
+      errors.append(f"config: missing field {e}")
+
+  build("rollout.sampling", lambda: SamplingParams(**cfg.rollout.sampling.to_dict()))
+  build("rollout.limits", lambda: RolloutLimits(**cfg.rollout.limits.to_dict()))
+  build("sandbox", lambda: SandboxLimits(**cfg.sandbox.to_dict()))
+  build("curriculum", lambda: CurriculumConfig.from_config(cfg.curriculum))
+  build("gate", lambda: GateThresholds.from_config(cfg.gate))
+  if not errors:  # built from fields checked above
+    if cfg.evaluator.kind == "external":
+      build("evaluator.external", lambda: ExternalEvaluator(
+          argv=tuple(cfg.evaluator.external.argv),
+          timeout_s=float(cfg.evaluator.external.timeout_s)))
+    build("evaluator", lambda: EvalSettings(
+        tier=cfg.evaluator.tier, seed=int(cfg.evaluator.seed),
+        cells_per_track=int(cfg.evaluator.cells_per_track), limits=typed["rollout.limits"],
+        sandbox_limits=typed["sandbox"], action_space=cfg.workflow.action_space))
+  if errors:
+    raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+  return typed
+
+
+def validate_config(cfg: ConfigDict) -> None:
+  """Checks every section of a run config: what `RunConfig.from_config` checks.
+
+  Raises:
+    ConfigError: listing every invalid field as `config.<path>: <problem>`.
+  """
+  typed_sections(cfg)

@@ -12,12 +12,11 @@ reported in one `ConfigError`, one line per field.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Optional
 
 from ml_collections import ConfigDict
 
 from bat_jax import config_validation
-from bat_jax.config_validation import ConfigError
 from bat_jax.curriculum import CurriculumConfig
 from bat_jax.evaluator.evaluate import EvalSettings
 from bat_jax.evaluator.external import ExternalEvaluator
@@ -71,35 +70,7 @@ class RunConfig:
     Raises:
       ConfigError: listing every invalid field as `config.<path>: <problem>`.
     """
-    errors = config_validation.field_problems(cfg)
-    typed: dict[str, Any] = {}
-
-    def build(path: str, make: Callable[[], Any]) -> None:
-      try:
-        typed[path] = make()
-      except (ValueError, TypeError) as e:
-        message = str(e)  # the section parsers already start with their path
-        errors.append(f"config.{message}" if message.startswith(path + ".") or
-                      message.startswith(path + ":") else f"config.{path}: {message}")
-      except KeyError as e:
-        errors.append(f"config: missing field {e}")
-
-    build("rollout.sampling", lambda: SamplingParams(**cfg.rollout.sampling.to_dict()))
-    build("rollout.limits", lambda: RolloutLimits(**cfg.rollout.limits.to_dict()))
-    build("sandbox", lambda: SandboxLimits(**cfg.sandbox.to_dict()))
-    build("curriculum", lambda: CurriculumConfig.from_config(cfg.curriculum))
-    build("gate", lambda: GateThresholds.from_config(cfg.gate))
-    if not errors:  # built from fields checked above
-      if cfg.evaluator.kind == "external":
-        build("evaluator.external", lambda: ExternalEvaluator(
-            argv=tuple(cfg.evaluator.external.argv),
-            timeout_s=float(cfg.evaluator.external.timeout_s)))
-      build("evaluator", lambda: EvalSettings(
-          tier=cfg.evaluator.tier, seed=int(cfg.evaluator.seed),
-          cells_per_track=int(cfg.evaluator.cells_per_track), limits=typed["rollout.limits"],
-          sandbox_limits=typed["sandbox"], action_space=cfg.workflow.action_space))
-    if errors:
-      raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+    typed = config_validation.typed_sections(cfg)
     r = cfg.rollout
     rollout = RolloutConfig(
         engine=r.engine, sampling=typed["rollout.sampling"], limits=typed["rollout.limits"],

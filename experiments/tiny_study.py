@@ -1,20 +1,23 @@
 r"""The tiny study: argmin (BaT) vs softmin, uniform and e2e_only at equal GRPO steps, over seeds.
 
-Every run is `configs/tiny.py` with `--config.seed=S --config.stagebank.seed=S` and
-`--config.curriculum.mode=M` (the held-out cells stay fixed by `evaluator.seed`). The modes of
-one seed share its cold start: the first mode to run does tokenizer, SFT rows, SFT and the SFT
-evaluation; the others start from a copy of exactly those files (`fork_cold_start`), so they
-differ only in what the curriculum does afterwards. Everything is resumable: rerun the same
-command (or another `--modes` / `--seeds` slice) on the same root; finished runs are skipped,
-killed ones resume.
+A sweep (`experiments/sweep.py`'s machinery: every run's config validated before anything
+starts, one progress line per run, resume, exit 1 if a run failed, mean ± standard error tables
+and per-stage plots) over `curriculum.mode`, with one twist: the modes of one seed share its
+cold start. Every run is `configs/tiny.py` with `--config.seed=S --config.stagebank.seed=S` and
+`--config.curriculum.mode=M` (the held-out cells stay fixed by `evaluator.seed`); the first mode
+of a seed does tokenizer, SFT rows, SFT and the SFT evaluation, the others start from a copy of
+exactly those files (`fork_cold_start`), so they differ only in what the curriculum does
+afterwards. Rerun the same command (or another `--modes` / `--seeds` slice) on the same root:
+finished runs are skipped, killed ones resume.
 
   python experiments/tiny_study.py --root=runs/tiny_study                       # everything
   python experiments/tiny_study.py --root=runs/tiny_study --modes=argmin,uniform --seeds=0
   python experiments/tiny_study.py --root=runs/tiny_study --collect_only
 
 Results: ROOT/study.md (mean ± standard error over seeds of held-out overall and of each stage,
-after SFT and after each round, plus each round's target stage before / after its round),
-ROOT/study.json and ROOT/study.png (per-stage held-out scores across rounds, one panel per mode).
+after SFT and after each round; final overall with its paired difference to uniform; each
+round's target stage before / after its round; loop health), ROOT/study.json and ROOT/study.png
+(one panel per stage and overall, one line per mode).
 """
 
 from __future__ import annotations
@@ -29,15 +32,14 @@ from typing import Any, Optional, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sweep  # noqa: E402
 
-from bat_jax import workflow  # noqa: E402
-from bat_jax.bicurl.report import standard_error  # noqa: E402
-from bat_jax.io_utils import atomic_write_json, atomic_write_text  # noqa: E402
+from bat_jax.io_utils import atomic_write_json  # noqa: E402
 
 MODES = ("argmin", "softmin", "uniform", "e2e_only")
-CONFIG = "configs/tiny.py"
+CONFIG = sweep.CONFIG
 # What a forked run copies from its seed's first run: everything the cold start produced.
 COLD_START_PATHS = ("tokenizer", "stagebank/sft", "stagebank/markers.json", "ckpt/sft",
                     "policies/sft", "evals/sft.json", "xla_cache")
+_pm = sweep.mean_se
 
 
 def run_dir(root: Path, seed: int, mode: str) -> Path:
@@ -75,74 +77,50 @@ def fork_cold_start(source: Path, target: Path, mode: str) -> None:
   tmp.rename(target)
 
 
-def _launch(root: Path, seed: int, mode: str, extra: Sequence[str]):
-  overrides = {"seed": seed, "stagebank.seed": seed, "curriculum.mode": mode,
-               "logging.progress": False}
-  return sweep.launch_variant(CONFIG, run_dir(root, seed, mode), overrides, extra)
+def study_runs(root: Path, modes: Sequence[str], seeds: Sequence[int],
+               extra: Sequence[str]) -> list[sweep.Run]:
+  """mode x seed runs in ROOT/seed_<S>/<mode> (the sweep machinery's runs, this layout)."""
+  return sweep.make_runs(root, [(m, {"curriculum.mode": m, "logging.progress": False})
+                                for m in modes], seeds, extra,
+                         workdir=lambda root, mode, seed: run_dir(root, seed, mode))
 
 
-def _finished(workdir: Path) -> bool:
-  """Whether a run has done every round its config asks for."""
-  report, config = workdir / "report.json", workdir / "config.json"
-  return report.is_file() and config.is_file() and \
-      json.loads(report.read_text())["finished_rounds"] >= \
-      json.loads(config.read_text())["grpo"]["rounds"]
+def run_study(root: Path, runs: Sequence[sweep.Run], parallel: int,
+              progress=print, launch: Path = sweep.ROOT / "launch.py") -> list[sweep.Run]:
+  """Runs (or resumes) every run; per seed, the first mode does the shared cold start and the
+  others fork from it. Returns the failed runs (a failed cold start fails its seed)."""
+  seeds = sorted({r.seed for r in runs})
+  sources = {s: next((d for d in (run_dir(root, s, m) for m in MODES) if _cold_done(d)), None)
+             for s in seeds}
+  first = [next(r for r in runs if r.seed == s) for s in seeds if sources[s] is None]
+  if first:
+    progress(f"cold start first: {', '.join(r.name for r in first)}")
+  failed = sweep.run_all(CONFIG, first, parallel=parallel, progress=progress, launch=launch)
+  for r in first:
+    if r not in failed:
+      sources[r.seed] = r.workdir
+  rest = []
+  for r in runs:
+    if r in first:
+      continue
+    if sources[r.seed] is None:
+      progress(f"skipped  {r.name}: the seed's cold start failed")
+      failed.append(r)
+      continue
+    if r.workdir != sources[r.seed]:
+      fork_cold_start(sources[r.seed], r.workdir, r.label)
+    rest.append(r)
+  return failed + sweep.run_all(CONFIG, rest, parallel=parallel, progress=progress,
+                                launch=launch)
 
 
-def run_seed(root: Path, seed: int, modes: Sequence[str], extra: Sequence[str],
-             parallel: int) -> None:
-  """Runs (or resumes) every mode of one seed; the first one does the shared cold start."""
-  dirs = {m: run_dir(root, seed, m) for m in modes}
-  source = next((d for d in (run_dir(root, seed, m) for m in MODES) if _cold_done(d)), None)
-  pending = list(modes)
-  if source is None:
-    first = pending.pop(0)
-    print(f"seed {seed}: {first} runs the shared cold start", file=sys.stderr)
-    if _launch(root, seed, first, extra).wait() != 0:
-      print(f"seed {seed} {first} failed; see {dirs[first]}.log", file=sys.stderr)
-      return
-    source = dirs[first]
-  for m in pending:
-    if m != source.name:
-      fork_cold_start(source, dirs[m], m)
-  pending = [m for m in pending if not _finished(dirs[m])]
-  running: list[tuple[str, Any]] = []
-  while pending or running:
-    while pending and len(running) < parallel:
-      m = pending.pop(0)
-      running.append((m, _launch(root, seed, m, extra)))
-    m, proc = running.pop(0)
-    if proc.wait() != 0:
-      print(f"seed {seed} {m} failed (exit {proc.returncode}); see {dirs[m]}.log",
-            file=sys.stderr)
-
-
-# --- the table and the plot --------------------------------------------------------------------
-
-def _pm(values: list[float]) -> str:
-  if not values:
-    return "-"
-  mean = sum(values) / len(values)
-  se = standard_error(values)
-  return f"{mean:.3f}" + ("" if se is None else f" ± {se:.3f}")
-
-
-def collect(root: Path, modes: Sequence[str], seeds: Sequence[int]) -> dict[str, Any]:
-  """mode -> {seed: report.json} for every finished run under root."""
-  out: dict[str, Any] = {}
-  for m in modes:
-    for s in seeds:
-      path = run_dir(root, s, m) / "report.json"
-      if path.is_file():
-        out.setdefault(m, {})[s] = json.loads(path.read_text())
-  return out
-
+# --- the study's own tables (the scores table and the plot are the sweep's) ---------------------
 
 def _final_overall(report: dict[str, Any]) -> float:
   return report["evaluations"][-1]["overall"]
 
 
-def final_table(reports: dict[str, Any], reference: str = "uniform") -> list[str]:
+def final_table(reports: sweep.Reports, reference: str = "uniform") -> list[str]:
   """Final held-out overall per mode, its gain over the mode's own SFT policy, and the paired
   difference to `reference` over the seeds both finished (same cold start, so the pairing
   removes the seed's SFT luck from the comparison)."""
@@ -160,32 +138,28 @@ def final_table(reports: dict[str, Any], reference: str = "uniform") -> list[str
   return lines + [""]
 
 
-def markdown(reports: dict[str, Any]) -> str:
-  keys = ["overall", *workflow.STAGES]
-  lines = ["# Tiny study: held-out scores, mean ± standard error over seeds", "",
-           "| mode | seeds | policy | GRPO steps | " + " | ".join(keys) + " |",
-           "|---|---:|---|---:|" + "---:|" * len(keys)]
-  for mode, by_seed in reports.items():
-    n_evals = min(len(r["evaluations"]) for r in by_seed.values())
-    for i in range(n_evals):
-      evals = [r["evaluations"][i] for r in by_seed.values()]
-      steps = sorted({sum(x["grpo_steps"] for x in r["rounds"][:i]) for r in by_seed.values()})
-      cells = [_pm([e["overall"] for e in evals])] + \
-          [_pm([e["stage_scores"][s] for e in evals]) for s in workflow.STAGES]
-      lines.append(f"| {mode} | {len(evals)} | {evals[0]['policy']} | "
-                   f"{'/'.join(map(str, steps))} | " + " | ".join(cells) + " |")
-  lines += [""] + final_table(reports)
-  lines += ["## Each round's target stage, before and after its round", "",
-            "| mode | round | targets (per seed) | before | after | after - before |",
-            "|---|---:|---|---:|---:|---:|"]
+def _target_lines(reports: sweep.Reports) -> list[str]:
+  lines = ["## Each round's target stage, before and after its round", "",
+           "Modes that target no stage (uniform, e2e_only) have no rows here.", "",
+           "| mode | round | targets (per seed) | before | after | after - before |",
+           "|---|---:|---|---:|---:|---:|"]
   for mode, by_seed in reports.items():
     n_rounds = min(len(r.get("target_before_after", [])) for r in by_seed.values())
     for i in range(n_rounds):
+      if all("weights" in r["rounds"][i] and sweep.round_target(r["rounds"][i]) is None
+             for r in by_seed.values()):
+        continue  # the curriculum targeted no stage this round
       rows = [r["target_before_after"][i] for r in by_seed.values()]
       ok = [t for t in rows if t["before"] is not None and t["after"] is not None]
       lines.append(f"| {mode} | {i} | {','.join(t['target'] for t in rows)} | "
                    f"{_pm([t['before'] for t in ok])} | {_pm([t['after'] for t in ok])} | "
                    f"{_pm([t['after'] - t['before'] for t in ok])} |")
+  return lines
+
+
+def markdown(reports: sweep.Reports) -> str:
+  lines = [sweep.scores_markdown(reports, "Tiny study")] + final_table(reports)
+  lines += _target_lines(reports)
   lines += ["", "## Loop health", "", "| mode | seed | reward mean per round | "
             "GRPO steps applied |", "|---|---:|---|---:|"]
   for mode, by_seed in reports.items():
@@ -197,57 +171,22 @@ def markdown(reports: dict[str, Any]) -> str:
   return "\n".join(lines + [""])
 
 
-def plot(reports: dict[str, Any], path: Path) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  modes = list(reports)
-  fig, axes = plt.subplots(1, max(1, len(modes)), figsize=(3.6 * max(1, len(modes)), 3.6),
-                           sharey=True, squeeze=False)
-  for ax, mode in zip(axes[0], modes):
-    by_seed = reports[mode]
-    n_evals = min(len(r["evaluations"]) for r in by_seed.values())
-    xs = list(range(n_evals))
-    for key in ["overall", *workflow.STAGES]:
-      series = [[(e["overall"] if key == "overall" else e["stage_scores"][key])
-                 for e in (r["evaluations"][i] for r in by_seed.values())] for i in xs]
-      means = [sum(v) / len(v) for v in series]
-      errs = [standard_error(v) or 0.0 for v in series]
-      ax.errorbar(xs, means, yerr=errs, marker="o", capsize=2, label=key,
-                  linestyle="--" if key == "overall" else "-", color="k" if key == "overall"
-                  else None)
-    ax.set_title(f"{mode} ({len(by_seed)} seed(s))", fontsize=9)
-    ax.set_xticks(xs, ["sft"] + [f"r{i}" for i in range(n_evals - 1)], fontsize=8)
-    ax.set_ylim(-0.02, 1.02)
-  axes[0][0].set_ylabel("held-out score")
-  axes[0][-1].legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-
-
-def write_study(root: Path, modes: Sequence[str], seeds: Sequence[int]) -> Optional[str]:
-  reports = collect(root, modes, seeds)
-  if not reports:
-    return None
-  text = markdown(reports)
-  atomic_write_json(root / "study.json", {m: {str(s): r for s, r in v.items()}
-                                           for m, v in reports.items()})
-  atomic_write_text(root / "study.md", text)
-  plot(reports, root / "study.png")
-  return text
+def write_study(root: Path, runs: Sequence[sweep.Run]) -> Optional[str]:
+  reports = sweep.collect(runs)
+  return sweep.write_outputs(root, reports, "study", "Tiny study",
+                             markdown(reports) if reports else None)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  extra = argv[argv.index("--") + 1:] if "--" in argv else []
-  own = argv[:argv.index("--")] if "--" in argv else argv
+  own, extra = sweep.split_shared(sys.argv[1:] if argv is None else argv)
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--root", type=Path, default=Path("runs/tiny_study"))
   parser.add_argument("--modes", default=",".join(MODES))
   parser.add_argument("--seeds", default="0,1,2")
-  parser.add_argument("--parallel", type=int, default=1, help="modes of a seed run at once")
+  parser.add_argument("--parallel", type=int, default=1, help="runs at once")
+  parser.add_argument("--launch", type=Path, default=sweep.ROOT / "launch.py",
+                      help="the script each run executes, with launch.py's flags")
   parser.add_argument("--collect_only", action="store_true")
   args = parser.parse_args(own)
   modes = [m for m in args.modes.split(",") if m]
@@ -256,11 +195,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.error(f"--modes: unknown mode(s) {unknown}; expected some of {MODES}")
   seeds = [int(s) for s in args.seeds.split(",") if s]
   root = args.root.absolute()
+  runs = study_runs(root, modes, seeds, extra)
+  failed: list[sweep.Run] = []
   if not args.collect_only:
-    for seed in seeds:
-      run_seed(root, seed, modes, extra, args.parallel)
-  text = write_study(root, modes, seeds)
+    problems = sweep.validate_runs(CONFIG, runs)
+    if problems:
+      print("tiny_study: nothing started; invalid runs:\n  " + "\n  ".join(problems),
+            file=sys.stderr)
+      return 2
+    failed = run_study(root, runs, args.parallel, launch=args.launch,
+                       progress=lambda line: print(line, flush=True))
+  text = write_study(root, runs)
   print(text or f"no finished runs under {root}")
+  if failed:
+    print(f"tiny_study: {len(failed)} run(s) failed: " + ", ".join(r.name for r in failed),
+          file=sys.stderr)
+    return 1
   return 0
 
 

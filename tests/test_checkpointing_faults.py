@@ -1,7 +1,6 @@
 """Interrupted and damaged checkpoints: the newest intact step is restored, with a warning naming
 the broken one; damaged outer-state JSON is an error naming the file."""
 
-import json
 import logging
 import shutil
 

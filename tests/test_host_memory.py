@@ -1,6 +1,5 @@
 """`bat_jax.host_memory`: freed host memory is reused instead of faulted in again."""
 
-import ctypes
 import subprocess
 import sys
 

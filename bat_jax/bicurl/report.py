@@ -7,6 +7,7 @@ rebuilt from a run directory at any time (`write_report(workdir, state)`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -14,12 +15,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from bat_jax import workflow  # noqa: E402
 from bat_jax.bicurl.state import OuterState  # noqa: E402
 from bat_jax.io_utils import atomic_write_json, atomic_write_text  # noqa: E402
 
 PLOTS = ("stage_scores.png", "rewards_kl.png")
+KL_NOTE = ("no GRPO update applied in {steps} step(s)\n(tied rewards in every group:\n"
+           "no_signal), so no KL to show")
 
 
 def standard_error(values: list[float]) -> Optional[float]:
@@ -158,20 +162,39 @@ def plot(report: dict[str, Any], out_dir: Path) -> list[Path]:
   fig.savefig(stage_png, dpi=100)
   plt.close(fig)
 
-  steps = report["steps"]
-  fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5))
-  xs = list(range(1, len(steps) + 1))
-  a1.plot(xs, [s["reward_mean"] for s in steps], marker=".")
-  a1.set_title("mean rollout reward per GRPO step", fontsize=9)
-  a2.plot(xs, [s.get("kl", float("nan")) for s in steps], marker=".", color="C3")
-  a2.set_title("KL to the SFT policy per GRPO step", fontsize=9)
-  for a in (a1, a2):
-    a.set_xlabel("GRPO step (all rounds)")
-  fig.tight_layout()
+  fig = rewards_kl_figure(report["steps"])
   rewards_png = out_dir / PLOTS[1]
   fig.savefig(rewards_png, dpi=100)
   plt.close(fig)
   return [stage_png, rewards_png]
+
+
+def rewards_kl_figure(steps: list[dict[str, Any]]) -> Any:
+  """Mean reward and KL per GRPO step; a note where nothing was applied (no empty axes)."""
+  fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.5))
+  xs = list(range(1, len(steps) + 1))
+  a1.plot(xs, [s["reward_mean"] for s in steps], marker=".")
+  a1.set_title("mean rollout reward per GRPO step", fontsize=9)
+  kl = [s.get("kl", float("nan")) for s in steps]
+  a2.plot(xs, kl, marker=".", color="C3")
+  a2.set_title("KL to the SFT policy per GRPO step", fontsize=9)
+  # Steps whose groups all tied (no_signal) or whose update was skipped change nothing.
+  applied = [k for s, k in zip(steps, kl) if not s.get("no_signal")
+             and s.get("update_applied", 1.0) != 0.0 and math.isfinite(k)]
+  if not applied:
+    a2.text(0.5, 0.5, KL_NOTE.format(steps=len(steps)), ha="center", va="center",
+            transform=a2.transAxes, fontsize=8, wrap=True)
+    a2.set_yticks([])
+    if steps:
+      a2.set_xlim(0.5, len(steps) + 0.5)
+  if not steps:
+    a1.text(0.5, 0.5, "no GRPO steps yet", ha="center", va="center", transform=a1.transAxes,
+            fontsize=8)
+  for a in (a1, a2):
+    a.set_xlabel("GRPO step (all rounds)")
+    a.xaxis.set_major_locator(MaxNLocator(integer=True))
+  fig.tight_layout()
+  return fig
 
 
 def write_report(workdir: Path, state: OuterState) -> dict[str, Any]:
@@ -182,3 +205,27 @@ def write_report(workdir: Path, state: OuterState) -> dict[str, Any]:
   atomic_write_text(workdir / "report.md", markdown(report))
   plot(report, workdir)
   return report
+
+
+def run_summary(report: dict[str, Any], workdir: str | Path) -> str:
+  """What a finished run prints: its held-out scores and where its artifacts are."""
+  workdir = Path(workdir).absolute()
+  evals = report["evaluations"]
+  gates = ["pass" if r["gate"]["passed"] else "hold" for r in report["rounds"]]
+  trail = " -> ".join(f"{e['policy']} {_fmt(e['overall'])}"
+                      + (f" ({gates[i - 1]})" if 0 < i <= len(gates) else "")
+                      for i, e in enumerate(evals))
+  promoted = next((e for e in evals if e["policy"] == report["baseline"]), None)
+  stages = "" if promoted is None else " ".join(
+      f"{s} {_fmt(promoted['stage_scores'][s])}" for s in workflow.STAGES)
+  policies = workdir / "policies"
+  kept = sorted(p.name for p in policies.iterdir()) if policies.is_dir() else []
+  return "\n".join([
+      f"BiCuRL finished {report['finished_rounds']} round(s): "
+      f"{report['grpo_steps_applied']} of {report['grpo_steps_total']} GRPO steps applied; "
+      f"promoted policy {report['baseline']}",
+      f"held-out overall: {trail}",
+      f"{report['baseline']} per stage: {stages}",
+      f"report:   {workdir / 'report.md'} (data: report.json)",
+      "plots:    " + ", ".join(str(workdir / p) for p in PLOTS),
+      f"policies: {policies}/{{{','.join(kept)}}}"])

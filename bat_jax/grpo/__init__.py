@@ -8,3 +8,7 @@ from bat_jax.grpo.logprobs import chunked_logprobs, taken_token_logprobs
 from bat_jax.grpo.loss import (KL_ESTIMATORS, LOSS_AGGREGATIONS, finalize_stats,
                                policy_loss_terms, safe_divide)
 from bat_jax.grpo.objective import GrpoConfig, grpo_loss_fn
+
+__all__ = ["ADVANTAGE_ESTIMATORS", "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "GrpoConfig",
+           "chunked_logprobs", "finalize_stats", "group_advantages", "grpo_loss_fn",
+           "policy_loss_terms", "safe_divide", "taken_token_logprobs"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Mapping, Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 log = logging.getLogger(__name__)
 

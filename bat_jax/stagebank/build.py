@@ -19,6 +19,7 @@ from bat_jax.stagebank import task_source
 
 BUILDER_VERSION = "bat_jax.stagebank/1"
 MARKERS_FILE = "markers.json"  # default place of the evaluator's hashed export in a bank
+MAKE_MARKERS = "python -m bat_jax.evaluator --markers-only --markers=PATH"  # how to write one
 
 
 # A task's description and the held-out markers in its initial workspace.
@@ -178,9 +179,12 @@ def load_matcher(path: Path | None, *, allow_no_markers: bool = False) -> marker
   """
   if path is None or not Path(path).is_file():
     if not allow_no_markers:
+      what = ("no held-out marker export given (--markers=PATH)" if path is None
+              else f"held-out marker export {path} does not exist")
       raise FileNotFoundError(
-          f"held-out marker export {path} does not exist: the leak pre-check fails closed "
-          "(pass --allow-no-markers for a development build without held-out markers)")
+          f"{what}: the leak pre-check fails closed. Make one with `{MAKE_MARKERS}` (the same "
+          "--tier/--seed/--cells-per-track as the evaluation), or pass --allow-no-markers for "
+          "a development build without held-out markers")
     logging.warning("no held-out marker export at %s: leak check runs without markers "
                     "(--allow-no-markers; the receipt records it)", path)
     return markers.MarkerMatcher(markers.empty_export())

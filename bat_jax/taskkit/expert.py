@@ -12,10 +12,9 @@ import json
 from typing import Any
 
 from bat_jax import workflow
-from bat_jax.taskkit import sources
+from bat_jax.taskkit import toolspace
 from bat_jax.taskkit.base import TaskInstance
-from bat_jax.taskkit.runners import common
-from bat_jax.taskkit.scripts import checks, infer, submission
+from bat_jax.taskkit.pipeline_files import pipeline_sources
 
 Action = dict[str, Any]
 A = workflow.ARTIFACTS
@@ -146,21 +145,6 @@ def _heredoc(path: str, text: str) -> str:
   if "\nPYEOF\n" in text:
     raise ValueError(f"heredoc terminator found in the text for {path}")
   return f"cat > {path} <<'PYEOF'\n{text}PYEOF\n"
-
-
-_SIBLING = {"from bat_jax.taskkit.scripts.checks import atomic_write_text  # inlined":
-            "from checks import atomic_write_text",
-            "from bat_jax.taskkit.runners.common import format_pgm, parse_pgm  # inlined":
-            "from checks import format_pgm, parse_pgm"}
-
-
-def pipeline_sources() -> dict[str, str]:
-  """The pipeline/ files the expert writes in S2 (and the stage tools' `setup` installs):
-  file name -> standalone stdlib source."""
-  return {"checks.py": sources.inline_source(checks) + "\n" + sources.function_sources(
-              common.parse_pgm, common.format_pgm),
-          "infer.py": sources.inline_source(infer, rewrite=_SIBLING),
-          "submission.py": sources.inline_source(submission, rewrite=_SIBLING)}
 
 
 def _s2(inst: TaskInstance) -> list[Action]:
@@ -344,6 +328,5 @@ def expert_actions(instance: TaskInstance, stage: str) -> list[Action]:
   if stage not in _STAGE_ACTIONS:
     raise ValueError(f"unknown stage {stage!r}; expected one of {workflow.STAGES}")
   if instance.action_space == "stage_tools":
-    from bat_jax.taskkit import toolspace  # toolspace imports this module
     return toolspace.tool_actions(instance, stage)
   return _STAGE_ACTIONS[stage](instance)

@@ -31,8 +31,9 @@ import shlex
 from typing import Any
 
 from bat_jax import workflow
-from bat_jax.taskkit import expert, sources
+from bat_jax.taskkit import sources
 from bat_jax.taskkit.base import TaskInstance
+from bat_jax.taskkit.pipeline_files import pipeline_sources
 from bat_jax.taskkit.runners import common
 from bat_jax.taskkit.scripts import checks, stage_tools, submission
 
@@ -49,7 +50,7 @@ def tool_files() -> dict[str, bytes]:
   files.update({f"{workflow.TOOLS_DIR}/{c}.py": _ENTRY.format(command=c)
                 for c in workflow.TOOL_COMMANDS})
   files.update({f"{workflow.TOOLS_DIR}/lib/{name}": text
-                for name, text in expert.pipeline_sources().items()})
+                for name, text in pipeline_sources().items()})
   if set(files) != set(workflow.STAGE_TOOL_FILES):
     raise AssertionError(f"tool files {sorted(files)} != {workflow.STAGE_TOOL_FILES}")
   return {k: v.encode() for k, v in files.items()}

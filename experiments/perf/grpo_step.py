@@ -23,7 +23,6 @@ import multiprocessing as mp
 import resource
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np

@@ -5,7 +5,8 @@ import math
 import pytest
 
 from bat_jax import workflow
-from bat_jax.bicurl.report import build_report, headline, markdown, standard_error
+from bat_jax.bicurl.report import (build_report, headline, markdown, rewards_kl_figure,
+                                  run_summary, standard_error)
 from bat_jax.bicurl.state import OuterState, RoundRecord
 
 
@@ -49,3 +50,38 @@ def test_report_shows_standard_errors_targets_and_applied_steps():
   assert f"0.229 ± {se:.3f}" in md
   assert "| 0 | S2 | 0.114 | 0.250 |" in md
   assert "applied an update: 1 of 2" in md
+
+
+def _finished_state():
+  state = OuterState(sft_done=True, baseline="round_000000")
+  state.evaluations["sft"] = headline(_eval_report([0.2] * 7))
+  state.evaluations["round_000000"] = headline(_eval_report([0.4] * 7))
+  state.rounds.append(RoundRecord(
+      round=0, target="S3", weights={"pool_mix": {}, "stage_weights": {}},
+      start_policy="sft", candidate="round_000000",
+      gate={"passed": True, "reasons": [], "checks": {}}, promoted=True, healthy=True,
+      steps=[{"reward_mean": 0.0, "no_signal": 1.0}, {"reward_mean": 0.0, "no_signal": 1.0}]))
+  return state
+
+
+def test_run_summary_is_short_and_says_where_the_artifacts_are(tmp_path):
+  for name in ("sft", "round_000000"):
+    (tmp_path / "policies" / name).mkdir(parents=True)
+  text = run_summary(build_report(_finished_state()), tmp_path)
+  lines = text.splitlines()
+  assert len(lines) <= 8
+  assert "sft 0.200 -> round_000000 0.400 (pass)" in lines[1]
+  assert "0 of 2 GRPO steps applied; promoted policy round_000000" in lines[0]
+  assert f"S1 {0.2:.3f}" in lines[2]
+  assert str(tmp_path / "report.md") in text and str(tmp_path / "stage_scores.png") in text
+  assert str(tmp_path / "rewards_kl.png") in text
+  assert f"{tmp_path / 'policies'}/{{round_000000,sft}}" in text
+
+
+def test_kl_plot_without_an_applied_update_shows_a_note_not_empty_axes():
+  steps = build_report(_finished_state())["steps"]
+  fig = rewards_kl_figure(steps)
+  notes = [t.get_text() for t in fig.axes[1].texts]
+  assert notes and "no GRPO update applied in 2 step(s)" in notes[0]
+  applied = rewards_kl_figure([{"reward_mean": 0.3, "no_signal": 0.0, "kl": 0.01}])
+  assert len(applied.axes[1].texts) == 0  # a real KL curve needs no note

@@ -63,3 +63,37 @@ def test_final_table_pairs_each_mode_with_uniform_by_seed():
   md = tiny_study.markdown(reports)
   assert "| argmin | 3 | 0.667 ± 0.120 | 0.433 ± 0.186 | 0.100 ± 0.100 |" in md
   assert "| uniform | 2 | 0.450 ± 0.150 | 0.150 ± 0.050 | - |" in md
+
+
+def _round(mode):
+  stage_w = ({s: float(s == "S3") for s in workflow.STAGES} if mode == "argmin"
+             else {s: 0.2 for s in workflow.STAGES})
+  pool = {"s_target": 0.0 if mode == "e2e_only" else 0.5, "s_mix": 0.25, "e2e": 0.25}
+  return {"grpo_steps": 2, "reward_mean": 0.3, "target": "S3" if mode == "argmin" else "S1",
+          "weights": {"stage_weights": stage_w, "pool_mix": pool}}
+
+
+def test_modes_without_a_target_show_none():
+  reports = {}
+  for mode in ("argmin", "uniform", "e2e_only"):
+    r = _report([0.2, 0.4], [0.1, 0.5], 2)
+    r["rounds"] = [_round(mode)]
+    r["target_before_after"][0]["target"] = r["rounds"][0]["target"]
+    reports[mode] = {0: r}
+  md = tiny_study.markdown(reports)
+  rows = {m: [l for l in md.splitlines() if l.startswith(f"| {m} | 1 | round_000000 |")][0]
+          for m in reports}
+  assert rows["argmin"].endswith("| S3 |")
+  assert rows["uniform"].endswith("| - |") and rows["e2e_only"].endswith("| - |")
+  assert "| argmin | 0 | S3 |" in md  # the target table lists argmin's round ...
+  assert "| uniform | 0 | S1 |" not in md and "| e2e_only | 0 | S1 |" not in md  # not theirs
+
+
+def test_study_validates_every_run_before_starting(tmp_path, capsys):
+  root = tmp_path / "study"
+  code = tiny_study.main([f"--root={root}", "--modes=argmin,uniform", "--seeds=0,1", "--",
+                          "--config.grpo.stepz=1"])
+  assert code == 2
+  err = capsys.readouterr().err
+  assert "nothing started" in err and "argmin seed 0: --config.grpo.stepz=1: no config field" in err
+  assert not root.exists()

@@ -88,3 +88,74 @@ def test_command_line_values_are_refused_or_rejected_by_the_parser(arg, field):
     return
   with pytest.raises(ConfigError, match=f"config.{field}: "):
     validate_config(values.config)
+
+
+# --- documented ranges (bat_jax.config_bounds) ---------------------------------------------------
+
+from bat_jax import config_bounds  # noqa: E402
+from configs import base, bat4b, bat9b  # noqa: E402
+
+CONFIG_MODULES = (base, tiny, bat4b, bat9b)
+
+
+_bound = config_bounds.bound_for
+
+
+@pytest.mark.parametrize("module", CONFIG_MODULES, ids=lambda m: m.__name__)
+def test_every_numeric_field_of_every_config_has_a_documented_range(module):
+  cfg = module.get_config()
+  leaves = list(config_bounds.numeric_leaves(cfg))
+  assert len(leaves) >= 60
+  missing = [p for p, _ in leaves if _bound(p) is None]
+  assert missing == [], f"add these to bat_jax/config_bounds.BOUNDS: {missing}"
+  outside = [(p, v) for p, v in leaves if v is not None and not _bound(p).contains(v)]
+  assert outside == []  # the shipped values are inside their own ranges
+  for path, bound in config_bounds.BOUNDS.items():
+    assert bound.why and (bound.lo is not None or bound.hi is not None), path
+
+
+def _just_outside(bound, kind):
+  """Values just past each finite end of `bound`, of the field's type."""
+  out = []
+  for end, sign, is_open in ((bound.lo, -1, bound.lo_open), (bound.hi, 1, bound.hi_open)):
+    if end is None:
+      continue
+    if kind is int:
+      value = int(end) if is_open else int(end) + sign
+    else:
+      value = float(end) if is_open else float(end) + sign * max(abs(end) * 1e-3, 1e-9)
+    if abs(value) <= config_bounds.INT63:
+      out.append(value)
+  return out
+
+
+TINY_BOUNDED = [(p, type(v)) for p, v in config_bounds.numeric_leaves(tiny.get_config())
+                if v is not None and "[" not in p]
+
+
+@pytest.mark.parametrize("path,kind", TINY_BOUNDED)
+def test_a_value_just_outside_the_range_is_refused_naming_the_field(path, kind):
+  for value in _just_outside(_bound(path), kind):
+    _refused(path, value)
+
+
+@pytest.mark.parametrize("path,value", [
+    ("sandbox.memory_mb", 2**50), ("sandbox.max_workspace_mb", 2**50),
+    ("sandbox.max_output_bytes", 2**50), ("sandbox.memory_mb", 2**62),
+    ("sandbox.wall_s", 1e300), ("logging.log_every_steps", 0),
+    ("sft.max_validation_examples", -1), ("rollout.sglang.max_retries", -3),
+])
+def test_the_absurd_values_of_issue_24_are_refused(path, value):
+  cfg = tiny.get_config()
+  _set(cfg, path, value)
+  with pytest.raises(ConfigError) as e:
+    validate_config(cfg)
+  lines = [l.strip() for l in str(e.value).splitlines()[1:]]
+  assert [l for l in lines if l.startswith(f"config.{path}: ")], lines
+  assert "valid range" in str(e.value) or "must be" in str(e.value)
+
+
+def test_the_range_table_is_printable_for_the_readme():
+  table = config_bounds.markdown_table()
+  assert "| `sandbox.memory_mb` | [1, 1048576] |" in table
+  assert table.count("\n") == len(config_bounds.BOUNDS) + 1

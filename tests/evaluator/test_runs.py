@@ -172,3 +172,17 @@ def test_full_grid_oracle_and_skip_agents(tmp_path, tier):
     drops = {s: oracle["stage_scores"][s] - skip["stage_scores"][s] for s in workflow.STAGES}
     assert max(drops, key=drops.get) == stage and drops[stage] >= 0.5, (stage, drops)
     assert all(d <= 0.1 for s, d in drops.items() if s != stage), (stage, drops)
+
+
+def test_markers_only_writes_the_export_the_stage_bank_reads(tmp_path, capsys):
+  from bat_jax.stagebank import build
+  path = tmp_path / "markers.json"
+  assert cli.main(["--markers-only", f"--markers={path}", "--cells-per-track=1",
+                   "--tracks=vqa"]) == 0
+  assert str(path) in capsys.readouterr().out
+  matcher = build.load_matcher(path)  # what `python -m bat_jax.stagebank sft --markers=` loads
+  assert json.loads(path.read_text())["marker_count"] > 10 and matcher is not None
+  with pytest.raises(SystemExit, match="--markers-only needs --markers"):
+    cli.main(["--markers-only"])
+  with pytest.raises(SystemExit, match="--out is required"):
+    cli.main(["--agent=null"])

@@ -11,7 +11,6 @@ import json
 
 import jax
 import numpy as np
-import pytest
 from flax import nnx
 
 from bat_jax.bicurl.policy import SGLangPolicyServer, make_policy_server

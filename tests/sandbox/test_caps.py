@@ -12,7 +12,7 @@ import time
 import pytest
 from sandbox_helpers import FAST, processes_of, processes_running
 
-from bat_jax.sandbox import SandboxLimits, bwrap, cgroup, load_evidence, process
+from bat_jax.sandbox import SandboxLimits, cgroup, load_evidence, process
 
 # Memory cap 256 MB; scratch tmpfs sized at 512 MB so only the memory cap can stop them.
 MEM = dataclasses.replace(FAST, wall_s=20.0, cpu_s=15, memory_mb=256, max_workspace_mb=512)

@@ -57,3 +57,14 @@ def test_stagebank_never_imports_the_evaluator():
       elif isinstance(node, ast.ImportFrom):
         names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
       assert not any("evaluator" in n for n in names), (path, names)
+
+
+def test_sft_without_a_marker_export_says_how_to_make_one_in_one_line(tmp_path):
+  done = _cli("sft", f"--out={tmp_path / 'sft'}")
+  assert done.returncode == 2 and not (tmp_path / "sft").exists()
+  lines = done.stderr.strip().splitlines()
+  assert len(lines) == 1, done.stderr
+  assert "python -m bat_jax.evaluator --markers-only --markers=PATH" in lines[0]
+  assert "--markers=PATH" in lines[0] and "--allow-no-markers" in lines[0]
+  done = _cli("sft", f"--out={tmp_path / 'sft'}", f"--markers={tmp_path / 'nope.json'}")
+  assert done.returncode == 2 and "nope.json does not exist" in done.stderr

@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from bat_jax import sharding
 from bat_jax.grpo import GrpoConfig, grpo_loss_fn, taken_token_logprobs

@@ -1,5 +1,5 @@
 """Nearest-centroid classifier on (centre mean, border mean) of the normalised image."""
-from .common import *  # noqa: F403 (dropped in a workspace)  # inlined
+from .common import normalise  # inlined
 
 def features(img):
   height, width = len(img), len(img[0])

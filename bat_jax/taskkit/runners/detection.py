@@ -1,5 +1,5 @@
 """Threshold + connected components: one box per bright lesion, scored by mean intensity."""
-from .common import *  # noqa: F403 (dropped in a workspace)  # inlined
+from .common import binary_mask, box_of, components, normalise  # inlined
 
 
 def predict_case(params, case, image, intensity_scale):

@@ -1,5 +1,5 @@
 """Median-filter denoiser: returns the enhanced image [H][W] at the input's maxval."""
-from .common import *  # noqa: F403 (dropped in a workspace)  # inlined
+from .common import normalise  # inlined
 
 
 def predict_case(params, case, image, intensity_scale):

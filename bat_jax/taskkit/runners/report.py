@@ -1,5 +1,5 @@
 """Template report: lesion count, size and quadrant of the largest, and an impression."""
-from .common import *  # noqa: F403 (dropped in a workspace)  # inlined
+from .common import binary_mask, components, normalise  # inlined
 
 
 def predict_case(params, case, image, intensity_scale):

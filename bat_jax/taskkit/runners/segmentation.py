@@ -1,5 +1,5 @@
 """Threshold segmentation: a binary mask [H][W] of the normalised image."""
-from .common import *  # noqa: F403 (dropped in a workspace)  # inlined
+from .common import binary_mask, normalise  # inlined
 
 
 def predict_case(params, case, image, intensity_scale):

@@ -1,5 +1,4 @@
 """Conditional renderer: draws the requested shape (a p-norm ball) on a flat background."""
-from .common import *  # noqa: F403 (dropped in a workspace)  # inlined
 
 
 def predict_case(params, case, image, intensity_scale):

@@ -1,5 +1,5 @@
 """Answers templated questions about the bright lesions of an image."""
-from .common import *  # noqa: F403 (dropped in a workspace)  # inlined
+from .common import binary_mask, components, normalise  # inlined
 
 
 def predict_case(params, case, image, intensity_scale):
