@@ -44,7 +44,7 @@ class CompactToolsChatFormat(chat_format_lib.ChatFormat):
 
   def render_messages(self, messages: Sequence[Mapping[str, Any]],
                       tools: Sequence[Mapping[str, Any]] | None = None, *,
-                      add_generation_prompt: bool) -> str:
+                      add_generation_prompt: bool, **template_kwargs: Any) -> str:
     tools = self.tools if tools is None else tuple(tools)
     msgs = [dict(m) for m in messages]
     if tools:
@@ -53,7 +53,8 @@ class CompactToolsChatFormat(chat_format_lib.ChatFormat):
         msgs[0]["content"] = f"{preamble}\n\n{msgs[0].get('content', '')}"
       else:
         msgs.insert(0, {"role": "system", "content": preamble})
-    return super().render_messages(msgs, (), add_generation_prompt=add_generation_prompt)
+    return super().render_messages(msgs, (), add_generation_prompt=add_generation_prompt,
+                                   **template_kwargs)
 
 
 def chat_format_for(preamble: str, model_type: str, tokenizer: Any,

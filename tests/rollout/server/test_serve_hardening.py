@@ -113,7 +113,12 @@ ATTACKS = [
     ("chat-temperature-Infinity", post(CHAT, b'{"messages":[{"role":"user","content":"x"}],'
                                              b'"temperature": -Infinity}'), {400}),
     ("chat-model-object", chat(model={"x": 1}), {404}),
-    ("chat-unknown-field", chat(functions=[]), {400}),
+    ("chat-response_format-bad-type", chat(response_format={"type": "xml"}), {400}),
+    ("chat-json_schema-not-object", chat(response_format={"type": "json_schema",
+                                                          "json_schema": {"schema": 5}}), {400}),
+    ("text-lone-surrogate", post(GEN, b'{"text": "ab\\ud800cd"}'), {400}),
+    ("chat-lone-surrogate", post(CHAT, b'{"messages":[{"role":"user","content":"\\udc00"}]}'),
+     {400}),
     ("chat-stream_options-junk", chat(stream=True, stream_options={"x": 1}), {400}),
     ("release-bad-tags", js("/release_memory_occupation", {"tags": "all"}), {400}),
     ("update-weights-no-path", js("/update_weights_from_disk", {"model_path": 5}), {400}),
