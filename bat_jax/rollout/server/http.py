@@ -119,7 +119,8 @@ class Handler(BaseHTTPRequestHandler):
                    e.status == 400 and "Content-Length" in str(e))
         return
     try:
-      status, payload = self.app.handle(method, self.path, body, self.client_gone)
+      status, payload = self.app.handle(method, self.path, body, self.client_gone,
+                                        self.headers.get("Authorization"))
     except Exception as e:  # pylint: disable=broad-except
       log.exception("%s %s failed", method, self.path)
       status, payload = 500, error(f"internal error: {type(e).__name__}: {e}"[:2000])
