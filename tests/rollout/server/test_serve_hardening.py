@@ -192,10 +192,12 @@ def test_bad_content_length_names_the_header(served, header):
 
 
 def test_hundreds_of_stalled_clients_cannot_starve_health_or_generate(served):
-  """300 loopback sockets that send nothing or half a header hold no worker: /health and
-  /generate answer within a bound, and the stalled ones get 408 after the header deadline."""
+  """300 loopback sockets that send nothing or half a header hold no worker (there are 64):
+  /health and /generate still answer within a bound."""
   app, base = served
   url = urlparse(base)
+  generate = js(GEN, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})
+  assert send(base, generate, timeout=300)[0] == 200   # compiled before the clock starts
   stalled = []
   try:
     for i in range(300):
@@ -207,9 +209,7 @@ def test_hundreds_of_stalled_clients_cannot_starve_health_or_generate(served):
     for _ in range(3):
       status, _ = send(base, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
       assert status == 200
-    status, _ = send(base, js(GEN, {"input_ids": [1, 2], "sampling_params": {
-        "max_new_tokens": 2}}))
-    assert status == 200
+    assert send(base, generate)[0] == 200
     assert time.perf_counter() - t0 < 10.0
   finally:
     for sock in stalled:
