@@ -42,10 +42,13 @@ def load_served_model(checkpoint: str, config: JaxEngineConfig, *, dtype: Option
   if skip_tokenizer:
     log.info("--skip-tokenizer-init: /generate needs input_ids and chat is off")
   elif (tok_dir / "tokenizer.json").is_file():
-    from bat_jax.model.chat_format import ChatFormat
+    from bat_jax.model import compact_chat
     from bat_jax.model.tokenizer import load_tokenizer
     tokenizer = load_tokenizer(tok_dir)
-    chat_format = ChatFormat.for_model(model.config.model_type, tokenizer)
+    preamble = compact_chat.recorded_preamble(tok_dir)  # the format the policy trained on
+    chat_format = compact_chat.chat_format_for(preamble, model.config.model_type, tokenizer)
+    log.info("chat format: %s family, %s tool preamble (%s)", chat_format.family, preamble,
+             tok_dir / "tokenizer_config.json")
   else:
     log.warning("%s has no tokenizer.json: /generate needs input_ids and chat is off", tok_dir)
   engine = JaxEngine(model, config, weight_version=weight_version)
