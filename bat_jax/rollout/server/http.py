@@ -1,4 +1,5 @@
-"""The HTTP transport of `bat_jax.rollout.server`: a hardened stdlib ThreadingHTTPServer.
+"""The HTTP transport of `bat_jax.rollout.server`: a hardened stdlib request handler served by a
+bounded worker pool whose selector reads headers first, under a deadline (`pool`).
 
 Junk is answered with a 4xx, quickly, and without growing the process: the body size is capped
 (413) before anything is read, Content-Length must be a plain decimal (chunked bodies are
