@@ -64,6 +64,7 @@ def tokenizer_corpus(num_tasks: int, seed: int, action_space: str = "code") -> l
 def prepare_tokenizer(cfg: RunConfig, out_dir: Path) -> Path:
   """Trains (`tokenizer.source = train`) or copies the run's tokenizer into `out_dir`."""
   if all((out_dir / f).is_file() for f in tokenizer_lib.TOKENIZER_FILES):
+    compact_chat.record_chat_format(out_dir, cfg.tokenizer.tool_preamble)
     return out_dir
   staging = out_dir.with_name(out_dir.name + ".tmp")
   shutil.rmtree(staging, ignore_errors=True)
@@ -80,6 +81,8 @@ def prepare_tokenizer(cfg: RunConfig, out_dir: Path) -> Path:
         raise FileNotFoundError(f"tokenizer file {source / name} is missing (config "
                                 "tokenizer.path / model.path)")
       shutil.copy2(source / name, staging / name)
+  # Exports copy these files: the policy folder then says which chat format it was trained on.
+  compact_chat.record_chat_format(staging, cfg.tokenizer.tool_preamble)
   staging.rename(out_dir)
   return out_dir
 

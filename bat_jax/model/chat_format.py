@@ -98,19 +98,23 @@ class ChatFormat:
 
   def render_messages(self, messages: Sequence[Mapping[str, Any]],
                       tools: Sequence[Mapping[str, Any]] | None = None, *,
-                      add_generation_prompt: bool) -> str:
-    """The family template applied to messages; `{"role": "assistant", "action": a}` allowed."""
+                      add_generation_prompt: bool, **template_kwargs: Any) -> str:
+    """The family template applied to messages; `{"role": "assistant", "action": a}` allowed.
+
+    `template_kwargs`: extra template variables (an OpenAI request's `chat_template_kwargs`)."""
     msgs = [self.assistant_message(m["action"]) if m.get("role") == "assistant" and "action" in m
             else dict(m) for m in messages]
     return self.tokenizer.apply_chat_template(
         msgs, tools=list(self.tools if tools is None else tools), chat_template=self.template,
         tokenize=False, add_generation_prompt=add_generation_prompt,
-        enable_thinking=self.enable_thinking)
+        **{**template_kwargs, "enable_thinking": self.enable_thinking})
 
   def encode_prompt(self, messages: Sequence[Mapping[str, Any]],
-                    tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+                    tools: Sequence[Mapping[str, Any]] | None = None,
+                    **template_kwargs: Any) -> list[int]:
     """Token ids of the conversation, ending with the assistant generation prompt."""
-    return self.encode(self.render_messages(messages, tools, add_generation_prompt=True))
+    return self.encode(self.render_messages(messages, tools, add_generation_prompt=True,
+                                            **template_kwargs))
 
   def _thought_and_call(self, action: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
     if not isinstance(action, Mapping):

@@ -10,8 +10,12 @@ validation against the tool schemas) is the family's `ChatFormat`, unchanged.
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from bat_jax import io_utils
 from bat_jax.model import chat_format as chat_format_lib
 from bat_jax.model import tokenizer as tokenizer_lib
 
@@ -44,7 +48,7 @@ class CompactToolsChatFormat(chat_format_lib.ChatFormat):
 
   def render_messages(self, messages: Sequence[Mapping[str, Any]],
                       tools: Sequence[Mapping[str, Any]] | None = None, *,
-                      add_generation_prompt: bool) -> str:
+                      add_generation_prompt: bool, **template_kwargs: Any) -> str:
     tools = self.tools if tools is None else tuple(tools)
     msgs = [dict(m) for m in messages]
     if tools:
@@ -53,7 +57,36 @@ class CompactToolsChatFormat(chat_format_lib.ChatFormat):
         msgs[0]["content"] = f"{preamble}\n\n{msgs[0].get('content', '')}"
       else:
         msgs.insert(0, {"role": "system", "content": preamble})
-    return super().render_messages(msgs, (), add_generation_prompt=add_generation_prompt)
+    return super().render_messages(msgs, (), add_generation_prompt=add_generation_prompt,
+                                   **template_kwargs)
+
+
+# The tokenizer_config.json field that records the chat format a policy was trained with; every
+# export copies the run's tokenizer files, so `python -m bat_jax.serve` serves that format.
+CHAT_FORMAT_FIELD = "bat_jax_chat_format"
+
+
+def record_chat_format(tokenizer_dir: str | os.PathLike, preamble: str) -> None:
+  """Writes {"tool_preamble": preamble} into tokenizer_dir/tokenizer_config.json (idempotent)."""
+  if preamble not in PREAMBLES:
+    raise ValueError(f"unknown tokenizer.tool_preamble {preamble!r}; expected one of "
+                     f"{PREAMBLES}")
+  path = Path(tokenizer_dir) / "tokenizer_config.json"
+  config = json.loads(path.read_text(encoding="utf-8"))
+  if config.get(CHAT_FORMAT_FIELD) != {"tool_preamble": preamble}:
+    config[CHAT_FORMAT_FIELD] = {"tool_preamble": preamble}
+    io_utils.atomic_write_text(path, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+def recorded_preamble(tokenizer_dir: str | os.PathLike) -> str:
+  """The tool preamble a policy folder records ("template" when it records none)."""
+  path = Path(tokenizer_dir) / "tokenizer_config.json"
+  config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+  preamble = (config.get(CHAT_FORMAT_FIELD) or {}).get("tool_preamble", "template")
+  if preamble not in PREAMBLES:
+    raise ValueError(f"{path}: {CHAT_FORMAT_FIELD}.tool_preamble = {preamble!r} is not one of "
+                     f"{PREAMBLES}")
+  return preamble
 
 
 def chat_format_for(preamble: str, model_type: str, tokenizer: Any,

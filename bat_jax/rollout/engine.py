@@ -91,10 +91,13 @@ class GenerateRequest:
     sampling: sampling settings.
     session_id: conversation key; an engine may reuse cached state for a known session whose
       cached tokens are a prefix of `input_ids`.
+    token_mask: optional bool [V]: the tokens the next (only) sampled token may be; a grammar's
+      per-step mask (constrained decoding). Needs `sampling.max_new_tokens == 1`. JaxEngine only.
   """
   input_ids: Sequence[int]
   sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
   session_id: Optional[str] = None
+  token_mask: Any = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -184,6 +184,8 @@ class JaxEngine:
         raise ValueError(f"requests[{i}].sampling.stop_token_ids has "
                          f"{len(req.sampling.stop_token_ids)} ids; max_stop_ids is "
                          f"{self.config.max_stop_ids}")
+      if req.token_mask is not None:
+        _check_token_mask(req, self.vocab_size, f"requests[{i}]")
     results: list[Optional[Completion]] = [None] * len(requests)
     order = list(range(len(requests)))
     for start in range(0, len(order), self.config.num_slots):
@@ -234,6 +236,7 @@ class JaxEngine:
     if reset_rows.any():
       self._cache = self._reset(self._params, self._cache, jnp.asarray(reset_rows))
     self._prefill_deltas(deltas)
+    self._mask_next_tokens(plan, wave)
 
     temperature = np.ones(cfg.num_slots, np.float32)
     top_p = np.ones(cfg.num_slots, np.float32)
@@ -290,6 +293,17 @@ class JaxEngine:
       self._lengths += valid.sum(axis=1).astype(np.int32)
       start += chunk
 
+  def _mask_next_tokens(self, plan, wave: Sequence[GenerateRequest]) -> None:
+    """Constrained decoding: tokens outside a request's token_mask cannot be sampled next."""
+    masked = [(s, req.token_mask) for (s, _), req in zip(plan, wave)
+              if req.token_mask is not None]
+    if not masked:
+      return
+    allowed = np.ones((self.config.num_slots, self.vocab_size), bool)   # [S, V]
+    for s, mask in masked:
+      allowed[s] = mask
+    self._last_logits = jnp.where(jnp.asarray(allowed), self._last_logits, -jnp.inf)
+
   def _decode_all(self, rows, budget, temperature, top_p, top_k, min_p, stop_ids, seed_data,
                   seeded) -> dict[int, tuple[list[int], list[float]]]:
     """Decodes blocks until every row stopped or ran out of budget."""
@@ -309,6 +323,17 @@ class JaxEngine:
         logps.extend(float(x) for x in logp[s, :n_out[s]])
     self._lengths = np.asarray(jax.device_get(lengths), np.int32).copy()
     return outputs
+
+
+def _check_token_mask(req: GenerateRequest, vocab_size: int, field: str) -> None:
+  mask = req.token_mask
+  if not (isinstance(mask, np.ndarray) and mask.dtype == bool and mask.shape == (vocab_size,)):
+    raise ValueError(f"{field}.token_mask must be a bool array of shape ({vocab_size},)")
+  if req.sampling.max_new_tokens != 1:
+    raise ValueError(f"{field}.token_mask constrains one token: sampling.max_new_tokens must "
+                     f"be 1, got {req.sampling.max_new_tokens}")
+  if not mask.any():
+    raise ValueError(f"{field}.token_mask allows no token")
 
 
 # -- compiled functions (static: the model's graphdef and the engine config) ----------------------

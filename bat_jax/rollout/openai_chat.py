@@ -22,8 +22,11 @@ def openai_to_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
     if not isinstance(m, Mapping):
       raise ValueError(f"messages[{i}] must be an object")
     role = m.get("role")
+    if role == "developer":  # OpenAI's newer name for the system role (o1 and later)
+      role = "system"
     if role not in ("system", "user", "assistant", "tool"):
-      raise ValueError(f"messages[{i}].role = {role!r} is not system|user|assistant|tool")
+      raise ValueError(f"messages[{i}].role = {role!r} is not "
+                       "system|developer|user|assistant|tool")
     msg: dict[str, Any] = {"role": role, "content": _content_text(m.get("content"), i)}
     if role == "assistant":
       if m.get("reasoning_content"):

@@ -10,7 +10,12 @@ measured from sending the request to the first streamed chunk after the role chu
 
 The last line is the tokens/s ratio (concurrent / one client).
 
+`--constrained` sends every request with a json_schema `response_format` (constrained decoding:
+one token per engine step, each under the grammar's llguidance mask) and also times the mask
+itself (fill + consume per token, in process, on the same tokenizer).
+
   PYTHONPATH=. python experiments/perf/serve_throughput.py --clients 8 --requests 3 --new 64
+  PYTHONPATH=. python experiments/perf/serve_throughput.py ... --constrained
 """
 
 from __future__ import annotations
@@ -45,13 +50,40 @@ def build_checkpoint(out: Path, layers: int, hidden: int) -> Path:
   return out / "policy"
 
 
+SCHEMA = {"type": "object", "required": ["plan", "steps"], "additionalProperties": False,
+          "properties": {"plan": {"type": "string", "maxLength": 400},
+                         "steps": {"type": "array", "maxItems": 16,
+                                   "items": {"type": "string", "maxLength": 80}}}}
+RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "plan", "schema": SCHEMA}}
+EXTRA: dict = {}   # request fields of every request (--constrained: response_format)
+
+
+def mask_cost_us(tok_dir: Path, tokens: int = 400) -> float:
+  """Microseconds per token of the grammar's work alone: mask fill + unpack + consume."""
+  from bat_jax.model import tokenizer as tk
+  from bat_jax.rollout.server.grammar import TokenConstraint, response_format_grammar
+  tokenizer = tk.load_tokenizer(tok_dir)
+  grammar = response_format_grammar(RESPONSE_FORMAT)
+  rng, spent, done = np.random.default_rng(0), 0.0, 0
+  while done < tokens:
+    c = TokenConstraint(grammar, tokenizer, len(tokenizer), (tokenizer.eos_token_id,))
+    while not c.finished and done < tokens:
+      t0 = time.perf_counter()
+      allowed = np.flatnonzero(c.mask())
+      pick = int(rng.choice(allowed))
+      c.accept(pick)
+      spent += time.perf_counter() - t0
+      done += 1
+  return spent / done * 1e6
+
+
 def one_request(client, i: int, new: int) -> tuple[int, float]:
   """(completion tokens, seconds to the first generated chunk) of one streamed request."""
   t0 = time.perf_counter()
   ttft, tokens = None, 0
   stream = client.chat.completions.create(
       model="perf-policy", max_tokens=new, temperature=0, stream=True,
-      stream_options={"include_usage": True},
+      stream_options={"include_usage": True}, **EXTRA,
       messages=[{"role": "user", "content": f"Case {i}: plan the stage and run the model."}])
   for n, chunk in enumerate(stream):
     if n == 1 and ttft is None:
@@ -89,7 +121,11 @@ def main() -> None:
   parser.add_argument("--layers", type=int, default=4)
   parser.add_argument("--hidden", type=int, default=256)
   parser.add_argument("--stream_interval", type=int, default=16, help="tokens per step")
+  parser.add_argument("--constrained", action="store_true",
+                      help="json_schema response_format on every request")
   args = parser.parse_args()
+  if args.constrained:
+    EXTRA["response_format"] = RESPONSE_FORMAT
 
   import openai
   from bat_jax.rollout.sglang_launcher import ServerProcess, free_port
@@ -108,8 +144,12 @@ def main() -> None:
       run(factory, 1, 1, args.new)
       one_tps, one_ttft = run(factory, 1, args.clients * args.requests, args.new)
       many_tps, many_ttft = run(factory, args.clients, args.requests, args.new)
+    mask_us = mask_cost_us(ckpt) if args.constrained else None
   print(f"config: qwen3_5 layers={args.layers} hidden={args.hidden} max_tokens={args.new} "
-        f"requests={args.clients * args.requests} stream_interval={args.stream_interval}")
+        f"requests={args.clients * args.requests} stream_interval={args.stream_interval} "
+        f"constrained={args.constrained}")
+  if mask_us is not None:
+    print(f"grammar mask (llguidance fill + consume), per token: {mask_us:.1f} us")
   for name, tps, ttft in (("1 client ", one_tps, one_ttft),
                           (f"{args.clients} clients", many_tps, many_ttft)):
     print(f"{name}: {tps:8.1f} tokens/s  time to first token median "

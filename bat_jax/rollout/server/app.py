@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import logging
 import time
 import uuid
@@ -14,6 +15,7 @@ import jax
 
 from bat_jax.model.chat_format import ChatFormat
 from bat_jax.rollout.server import params as P
+from bat_jax.rollout.server.grammar import sglang_grammar
 from bat_jax.rollout.server.params import RequestError
 from bat_jax.rollout.server.scheduler import Job, Scheduler
 from bat_jax.rollout.server.text import find_stop, top_logprobs
@@ -53,9 +55,12 @@ class ServedModel:
 class ServeApp:
   """Validates requests, runs them through the scheduler, and answers JSON (or a stream)."""
 
-  def __init__(self, served: ServedModel, *, step_tokens: Optional[int] = None):
-    from bat_jax.rollout.server import openai_api  # the OpenAI endpoints live beside this module
+  def __init__(self, served: ServedModel, *, step_tokens: Optional[int] = None,
+               api_key: Optional[str] = None):
+    from bat_jax.rollout.server import completions, openai_api  # OpenAI endpoints, beside this
     self.served = served
+    self.api_key = api_key or None
+    self.warned: set = set()   # (endpoint, unknown field) pairs already logged once
     cfg = served.engine.config
     self.max_stop_ids = cfg.max_stop_ids
     self.scheduler = Scheduler(lambda: self.served.engine, num_slots=cfg.num_slots,
@@ -64,6 +69,7 @@ class ServeApp:
     self.released: set[str] = set()
     self._parked: dict[str, Any] = {}
     self.openai = openai_api.OpenAIChat(self)
+    self.completions = completions.Completions(self)
     ok = lambda *_: {"status": "ok"}  # noqa: E731
     info = lambda *_: self.model_info()  # noqa: E731
     # Every route is (body, client_gone) -> answer.
@@ -81,16 +87,27 @@ class ServeApp:
         ("POST", "/release_memory_occupation"): lambda b, _: self.release_memory(b),
         ("POST", "/resume_memory_occupation"): lambda b, _: self.resume_memory(b),
         ("POST", "/v1/chat/completions"): self.openai.chat_completions,
+        ("POST", "/v1/completions"): self.completions.create,
     }
 
   def close(self) -> None:
     self.scheduler.close()
 
   def handle(self, method: str, path: str, body: Any,
-             client_gone: Callable[[], bool] = lambda: False) -> tuple[int, Any]:
-    """(status, JSON-able answer or an iterator of stream events) for one request."""
+             client_gone: Callable[[], bool] = lambda: False,
+             authorization: Optional[str] = None) -> tuple[int, Any]:
+    """(status, JSON-able answer or an iterator of stream events) for one request.
+
+    `authorization`: the request's Authorization header; with an api_key, every endpoint but
+    /health and /health_generate needs `Bearer <api_key>` (admin endpoints included)."""
     path = path.split("?", 1)[0]
+    if self.api_key is not None and path not in OPEN_PATHS and not _key_ok(
+        authorization, self.api_key):
+      return 401, error("Incorrect or missing API key: send 'Authorization: Bearer <key>' "
+                        "(--api-key)", "invalid_api_key")
     route = self.routes.get((method, path))
+    if route is None and method == "GET" and path.startswith("/v1/models/"):
+      route = lambda *_: self.openai.model(path[len("/v1/models/"):])  # noqa: E731
     if route is None:
       if path in {p for _, p in self.routes}:
         return 405, error(f"{method} is not allowed on {path}")
@@ -102,6 +119,8 @@ class ServeApp:
       return e.status, error(str(e))
     except ClientGone:
       return 499, error("client closed the connection")
+    except UnicodeError as e:  # a lone surrogate (valid JSON, not encodable text)
+      return 400, error(f"request text is not valid Unicode: {e}"[:2000])
     except (ValueError, RecursionError) as e:  # engine-side checks: prompt length, token ids
       return 400, error(str(e)[:2000])
 
@@ -149,6 +168,18 @@ class ServeApp:
                         job.out_ids, job.sampling.top_logprobs,
                         job.sampling.logprob_temperature)
 
+  def jobs(self, prompts: list, sampling) -> list[Job]:
+    """n jobs per prompt; each gets its own grammar state when the sampling constrains."""
+    return [Job(tuple(ids), sampling, index=j, constraint=self.constraint(sampling))
+            for ids in prompts for j in range(sampling.n)]
+
+  def constraint(self, sampling) -> Any:
+    if sampling.grammar is None:
+      return None
+    from bat_jax.rollout.server.grammar import TokenConstraint
+    return TokenConstraint(sampling.grammar, self.need_tokenizer("constrained decoding"),
+                           self.served.engine.vocab_size, sampling.engine_stop_ids)
+
   def need_tokenizer(self, field: str):
     if self.served.tokenizer is None:
       raise RequestError(f"{field} needs a tokenizer, and this checkpoint has none "
@@ -185,6 +216,9 @@ class ServeApp:
                                  eos_token_ids=self.eos_token_ids(),
                                  max_stop_ids=self.max_stop_ids,
                                  top_logprobs=top_n if with_logprob else 0)
+    grammar = sglang_grammar(body.get("sampling_params") or {})
+    if grammar is not None:
+      sampling = dataclasses.replace(sampling, grammar=grammar)
     if sampling.stop:
       self.need_tokenizer("sampling_params.stop")
     rids = self._rids(body.get("rid"), len(prompts), batched)
@@ -193,7 +227,7 @@ class ServeApp:
                          f"{P.MAX_BATCH} samples per request")
     for i, ids in enumerate(prompts):
       self.served.engine.check_prompt(ids, "input_ids" if not batched else f"input_ids[{i}]")
-    jobs = [Job(tuple(ids), sampling, index=j) for ids in prompts for j in range(sampling.n)]
+    jobs = self.jobs(prompts, sampling)
     t0 = time.perf_counter()
     self.run(jobs, client_gone)
     answers = [self._generate_answer(job, rid if sampling.n == 1 else f"{rid}_{job.index}",
@@ -215,6 +249,9 @@ class ServeApp:
         raise RequestError(f"text must be a string or a list of 1..{P.MAX_BATCH} strings")
       limit = engine.config.max_len * 64  # more characters cannot fit max_len tokens
       for i, t in enumerate(texts):
+        if not _encodable(t):
+          raise RequestError(f"text[{i}] holds a lone surrogate (e.g. '\\ud800'), which is not "
+                             "valid Unicode text")
         if len(t) > limit:
           raise RequestError(f"text[{i}] has {len(t)} characters; the context holds "
                              f"{engine.config.max_len} tokens")
@@ -381,6 +418,22 @@ class _Released:
                        HTTPStatus.SERVICE_UNAVAILABLE)
 
 
-def error(message: str) -> dict:
-  return {"error": {"message": message, "type": "invalid_request_error"}, "success": False,
-          "message": message}
+def error(message: str, code: Optional[str] = None) -> dict:
+  return {"error": {"message": message, "type": "invalid_request_error", "param": None,
+                    "code": code}, "success": False, "message": message}
+
+
+OPEN_PATHS = frozenset({"/health", "/health_generate"})   # answered without the API key
+
+
+def _key_ok(authorization: Optional[str], key: str) -> bool:
+  scheme, _, token = (authorization or "").partition(" ")
+  return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+
+def _encodable(text: str) -> bool:
+  try:
+    text.encode("utf-8")
+    return True
+  except UnicodeEncodeError:
+    return False

@@ -42,10 +42,13 @@ def load_served_model(checkpoint: str, config: JaxEngineConfig, *, dtype: Option
   if skip_tokenizer:
     log.info("--skip-tokenizer-init: /generate needs input_ids and chat is off")
   elif (tok_dir / "tokenizer.json").is_file():
-    from bat_jax.model.chat_format import ChatFormat
+    from bat_jax.model import compact_chat
     from bat_jax.model.tokenizer import load_tokenizer
     tokenizer = load_tokenizer(tok_dir)
-    chat_format = ChatFormat.for_model(model.config.model_type, tokenizer)
+    preamble = compact_chat.recorded_preamble(tok_dir)  # the format the policy trained on
+    chat_format = compact_chat.chat_format_for(preamble, model.config.model_type, tokenizer)
+    log.info("chat format: %s family, %s tool preamble (%s)", chat_format.family, preamble,
+             tok_dir / "tokenizer_config.json")
   else:
     log.warning("%s has no tokenizer.json: /generate needs input_ids and chat is off", tok_dir)
   engine = JaxEngine(model, config, weight_version=weight_version)
@@ -89,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--max-body-mb", type=float, default=16.0, help="request body cap (413)")
   p.add_argument("--body-timeout-s", type=float, default=1.0,
                  help="a request body silent this long is answered 408")
+  p.add_argument("--api-key", default=os.environ.get("BAT_JAX_API_KEY"),
+                 help="require 'Authorization: Bearer KEY' on every endpoint but /health "
+                      "(admin endpoints included); default $BAT_JAX_API_KEY")
+  p.add_argument("--max-connections", type=int, default=64,
+                 help="connections served at once; more wait in the listen queue")
+  p.add_argument("--header-timeout-s", type=float, default=5.0,
+                 help="a client that has not sent its request headers by then is dropped")
   p.add_argument("--log-level", default="INFO")
   return p
 
@@ -105,6 +115,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
   for flag in ("num_slots", "max_len", "prefill_chunk", "decode_block", "stream_interval"):
     if getattr(args, flag) < 1:
       parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+  if not 1 <= args.max_connections <= 4096 or not 0 < args.header_timeout_s <= 600:
+    parser.error("--max-connections must be in [1, 4096] and --header-timeout-s in (0, 600]")
   if not 0 < args.max_body_mb <= 1024 or not 0 < args.body_timeout_s <= 600:
     parser.error("--max-body-mb must be in (0, 1024] and --body-timeout-s in (0, 600]")
 
@@ -125,9 +137,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                              served_name=args.served_model_name,
                              skip_tokenizer=args.skip_tokenizer_init,
                              tokenizer_path=args.tokenizer_path)
-  app = ServeApp(served, step_tokens=args.stream_interval)
+  app = ServeApp(served, step_tokens=args.stream_interval, api_key=args.api_key)
   server = make_server(app, args.host, args.port, max_body_bytes=int(args.max_body_mb * 2**20),
-                       body_timeout_s=args.body_timeout_s)
+                       body_timeout_s=args.body_timeout_s, max_connections=args.max_connections,
+                       header_timeout_s=args.header_timeout_s)
   log.info("serving %s as %r on http://%s:%d", args.checkpoint, served.name, args.host,
            args.port)
   try:

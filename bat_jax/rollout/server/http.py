@@ -1,4 +1,5 @@
-"""The HTTP transport of `bat_jax.rollout.server`: a hardened stdlib ThreadingHTTPServer.
+"""The HTTP transport of `bat_jax.rollout.server`: a hardened stdlib request handler served by a
+bounded worker pool whose selector reads headers first, under a deadline (`pool`).
 
 Junk is answered with a 4xx, quickly, and without growing the process: the body size is capped
 (413) before anything is read, Content-Length must be a plain decimal (chunked bodies are
@@ -10,16 +11,18 @@ away is noticed (peer EOF or a failed write) and its request is cancelled.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
 import select
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Iterator
 
 from bat_jax.rollout.server.app import ServeApp, error
+from bat_jax.rollout.server.pool import MAX_HEADER_BYTES, PooledHTTPServer, PrefixedSocketIO
 
 log = logging.getLogger("bat_jax.serve")
 
@@ -55,6 +58,31 @@ class Handler(BaseHTTPRequestHandler):
   timeout = 60.0  # idle keep-alive connections and slow headers are dropped after this
   protocol_version = "HTTP/1.1"
   default_request_version = "HTTP/1.0"  # junk request lines still get a status line (400)
+
+  def __init__(self, request, client_address, server, rfile_prefix: bytes = b""):
+    self._prefix = rfile_prefix
+    super().__init__(request, client_address, server)
+
+  def setup(self):
+    super().setup()
+    self.connection.settimeout(self.timeout)
+    self.rfile = io.BufferedReader(PrefixedSocketIO(self.connection, self._prefix))
+
+  def handle(self):
+    """One request per handler: the pool hands a kept-alive connection back to its selector."""
+    self.close_connection = True
+    self.handle_one_request()
+
+  def finish(self):
+    """Keeps the bytes of a next (pipelined) request already read, for the pool's selector."""
+    self.next_prefix = b""
+    if not self.close_connection:
+      self.connection.setblocking(False)
+      try:
+        self.next_prefix = self.rfile.peek(MAX_HEADER_BYTES)
+      except (BlockingIOError, OSError, ValueError):
+        pass
+    super().finish()
 
   def log_message(self, format, *args):  # pylint: disable=redefined-builtin
     log.debug("%s %s", self.address_string(), format % args)
@@ -119,7 +147,8 @@ class Handler(BaseHTTPRequestHandler):
                    e.status == 400 and "Content-Length" in str(e))
         return
     try:
-      status, payload = self.app.handle(method, self.path, body, self.client_gone)
+      status, payload = self.app.handle(method, self.path, body, self.client_gone,
+                                        self.headers.get("Authorization"))
     except Exception as e:  # pylint: disable=broad-except
       log.exception("%s %s failed", method, self.path)
       status, payload = 500, error(f"internal error: {type(e).__name__}: {e}"[:2000])
@@ -164,22 +193,20 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def make_server(app: ServeApp, host: str = "127.0.0.1", port: int = 0, *,
-                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                body_timeout_s: float = 1.0) -> ThreadingHTTPServer:
-  """An HTTP server bound to (host, port); port 0 picks a free one (see server_address)."""
+                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = 1.0,
+                max_connections: int = 64, header_timeout_s: float = 5.0) -> PooledHTTPServer:
+  """An HTTP server bound to (host, port); port 0 picks a free one (see server_address).
+
+  `max_connections` workers serve requests; headers are read before a worker is taken, and a
+  client that has not sent them within `header_timeout_s` is answered 408 (see `pool`)."""
   handler = type("BoundHandler", (Handler,), {"app": app, "max_body_bytes": max_body_bytes,
                                               "body_timeout_s": body_timeout_s})
-  server = ThreadingHTTPServer((host, port), handler, bind_and_activate=False)
-  server.daemon_threads = True
-  server.request_queue_size = 128
-  server.allow_reuse_address = True
-  server.server_bind()
-  server.server_activate()
-  return server
+  return PooledHTTPServer((host, port), handler, max_connections=max_connections,
+                          header_timeout_s=header_timeout_s)
 
 
 def serve_in_thread(app: ServeApp, host: str = "127.0.0.1", port: int = 0, **kwargs
-                    ) -> tuple[ThreadingHTTPServer, str]:
+                    ) -> tuple[PooledHTTPServer, str]:
   """Starts the server on a daemon thread; returns it and its base URL."""
   server = make_server(app, host, port, **kwargs)
   threading.Thread(target=server.serve_forever, name="bat-jax-serve", daemon=True).start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import queue
@@ -15,13 +16,15 @@ from bat_jax.rollout.openai_chat import assistant_turn, openai_to_messages, tool
 from bat_jax.rollout.server import params as P
 from bat_jax.rollout.server.params import RequestError, Sampling
 from bat_jax.rollout.server.scheduler import Job
-from bat_jax.rollout.server.text import CALL_OPEN, StreamText, trim_at_stop
+from bat_jax.rollout.server.grammar import response_format_grammar
+from bat_jax.rollout.server.text import (CALL_OPEN, THINK_CLOSE, ReasoningSplit, StreamText,
+                                         split_reasoning, token_bytes, trim_at_stop)
 
 CHAT_FIELDS = frozenset({
     "model", "messages", "tools", "tool_choice", "max_tokens", "max_completion_tokens",
     "temperature", "top_p", "top_k", "min_p", "n", "stream", "stream_options", "stop", "seed",
     "user", "parallel_tool_calls", "logprobs", "top_logprobs", "frequency_penalty",
-    "presence_penalty", "logit_bias", "response_format"})
+    "presence_penalty", "logit_bias", "response_format", "chat_template_kwargs"})
 _ONLY_DEFAULT = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "logit_bias": None}
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MAX_TOOLS = 128
@@ -34,23 +37,41 @@ class OpenAIChat:
     self.app = app
 
   def models(self) -> dict:
+    return {"object": "list", "data": [self._card()]}
+
+  def _card(self) -> dict:
     served = self.app.served
-    return {"object": "list", "data": [{
-        "id": served.name, "object": "model", "created": 0, "owned_by": "bat-jax",
-        "root": served.model_path, "max_model_len": served.engine.config.max_len}]}
+    return {"id": served.name, "object": "model", "created": 0, "owned_by": "bat-jax",
+            "root": served.model_path, "max_model_len": served.engine.config.max_len}
+
+  def model(self, model_id: str) -> dict:
+    """GET /v1/models/{id}."""
+    self.check_model(model_id or None)
+    return self._card()
+
+  def check_model(self, model: Any) -> None:
+    name = self.app.served.name
+    if model not in (None, "default", name, self.app.served.model_path):
+      raise RequestError(f"unknown model {P.brief(model)}; this server serves {name!r} "
+                         "(GET /v1/models)", HTTPStatus.NOT_FOUND)
 
   def chat_completions(self, body: Any, client_gone: Callable[[], bool]) -> Any:
     body = P.obj(body, "request body")
-    P.no_unknown(body, CHAT_FIELDS, "/v1/chat/completions")
+    P.ignore_unknown(body, CHAT_FIELDS, "/v1/chat/completions", self.app.warned)
     fmt = self.app.served.chat_format
     if fmt is None:
       raise RequestError("this checkpoint has no tokenizer, so /v1/chat/completions is off")
     name = self.app.served.name
-    if body.get("model") not in (None, "default", name, self.app.served.model_path):
-      raise RequestError(f"unknown model {P.brief(body.get('model'))}; this server serves "
-                         f"{name!r} (GET /v1/models)", HTTPStatus.NOT_FOUND)
+    self.check_model(body.get("model"))
     P.only_default(body, _ONLY_DEFAULT, "")
+    fmt, template_kwargs = _template_kwargs(fmt, body.get("chat_template_kwargs"))
+    grammar = response_format_grammar(body.get("response_format"))
     fmt_req, tools, parse_tools, forced = self._tools(body, fmt)
+    if grammar is not None:
+      if forced:
+        raise RequestError("response_format cannot be combined with tool_choice 'required' "
+                           "or a named function")
+      forced = close_think(fmt)  # the JSON answer starts after an (empty) reasoning block
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
       raise RequestError("messages must be a non-empty list")
@@ -63,23 +84,25 @@ class OpenAIChat:
       raise RequestError(f"messages has {chars} characters; they cannot fit the "
                          f"{max_len}-token context")
     try:
-      prompt = fmt_req.encode_prompt(openai_to_messages(messages), tools)
+      prompt = fmt_req.encode_prompt(openai_to_messages(messages), tools, **template_kwargs)
     except RequestError:
       raise
     except Exception as e:  # pylint: disable=broad-except  # templates raise many kinds
       raise RequestError(f"messages could not be rendered: {type(e).__name__}: {e}"[:2000])
     prompt = prompt + fmt.encode(forced)
     self.app.served.engine.check_prompt(prompt, "messages")
-    sampling = self._sampling(body, fmt)
+    sampling = dataclasses.replace(self._sampling(body, fmt), grammar=grammar)
+    P.check_max_tokens(sampling.max_new_tokens, len(prompt), max_len, "messages")
     stream = P.boolean(body.get("stream", False) or False, "stream")
     usage_chunk = False
     if body.get("stream_options") is not None:
       opts = P.obj(body["stream_options"], "stream_options")
       P.no_unknown(opts, {"include_usage", "continuous_usage_stats"}, "stream_options")
       usage_chunk = P.boolean(opts.get("include_usage", False), "stream_options.include_usage")
-    jobs = [Job(tuple(prompt), sampling, index=j) for j in range(sampling.n)]
+    jobs = self.app.jobs([prompt], sampling)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
     ctx = _Ctx(fmt_req, parse_tools, forced, body.get("logprobs") is True, head)
+    ctx.thinks = _opens_think(fmt_req, forced)
     if stream:
       self.app.check_available()
       return self._stream(jobs, ctx, usage_chunk)
@@ -106,13 +129,14 @@ class OpenAIChat:
       raise RequestError(f"tool_choice = {P.brief(choice)} needs tools")
     if choice == "auto":
       return _format_for(fmt, json.dumps(tools, sort_keys=True)), tools, True, ""
-    if choice == "required":
-      raise RequestError("tool_choice = 'required' is not supported by bat_jax.serve "
-                         "(use 'auto' or name a function)")
+    if choice == "required":  # the turn is forced to open a tool call
+      fmt_all = _format_for(fmt, json.dumps(tools, sort_keys=True))
+      return fmt_all, tools, True, forced_call_prefix(fmt_all, None)
     fn = choice.get("function") if isinstance(choice, dict) else None
     if not (isinstance(choice, dict) and choice.get("type") == "function"
             and isinstance(fn, dict) and isinstance(fn.get("name"), str)):
-      raise RequestError(f"tool_choice must be 'auto', 'none' or {{'type': 'function', "
+      raise RequestError(f"tool_choice must be 'auto', 'none', 'required' or {{'type': "
+                         f"'function', "
                          f"'function': {{'name': ...}}}}, got {P.brief(choice)}")
     named = [t for t in tools if t["function"]["name"] == fn["name"]]
     if not named:
@@ -133,9 +157,6 @@ class OpenAIChat:
         body["seed"], "seed", lo=P.SEED_RANGE[0], hi=P.SEED_RANGE[1])
     if body.get("user") is not None and not isinstance(body["user"], str):
       raise RequestError("user must be a string")
-    fmt_ok = body.get("response_format")
-    if fmt_ok is not None and fmt_ok != {"type": "text"}:
-      raise RequestError("response_format: only {'type': 'text'} is supported")
     top_k = P.integer(g("top_k", -1), "top_k", lo=-1, hi=1 << 30)
     if top_k == 0:
       raise RequestError("top_k = 0 is invalid: expected -1 (off) or >= 1")
@@ -156,11 +177,18 @@ class OpenAIChat:
 
   def _choice_message(self, job: Job, ctx: "_Ctx") -> tuple[dict, str]:
     tok = ctx.fmt.tokenizer
-    special = ctx.forced + trim_at_stop(ctx.fmt.decode(job.out_ids), job.finish)
-    plain = ctx.forced + trim_at_stop(tok.decode(job.out_ids, skip_special_tokens=True),
-                                      job.finish)
-    return assistant_turn(special, plain, ctx.fmt, parse_tools=ctx.parse_tools,
-                          cut_at_length=job.finish["type"] == "length")
+    forced = ctx.forced if CALL_OPEN in ctx.forced else ""  # a closed empty reasoning: not text
+    special = forced + trim_at_stop(ctx.fmt.decode(job.out_ids), job.finish)
+    plain = forced + trim_at_stop(tok.decode(job.out_ids, skip_special_tokens=True),
+                                  job.finish)
+    message, finish = assistant_turn(special, plain, ctx.fmt, parse_tools=ctx.parse_tools,
+                                     cut_at_length=job.finish["type"] == "length")
+    reasoning, content = split_reasoning(plain, ctx.thinks)
+    if reasoning is not None:  # the turn thought: its reasoning is not content
+      if "tool_calls" in message:
+        content = content.split(CALL_OPEN, 1)[0].strip() or None
+      message["content"], message["reasoning_content"] = content, reasoning
+    return message, finish
 
   def _answer(self, jobs: list[Job], ctx: "_Ctx") -> dict:
     choices = []
@@ -173,8 +201,8 @@ class OpenAIChat:
 
   def _logprobs(self, job: Job, start: int, ctx: "_Ctx", end: Optional[int] = None) -> dict:
     tok = ctx.fmt.tokenizer
-    entry = lambda t, lp: {"token": (w := tok.decode([t])), "logprob": lp,  # noqa: E731
-                           "bytes": list(w.encode("utf-8"))}
+    entry = lambda t, lp: {"token": tok.decode([t]), "logprob": lp,  # noqa: E731
+                           "bytes": list(token_bytes(tok, t))}
     content = []
     for i in range(start, len(job.out_ids) if end is None else end):
       item = entry(job.out_ids[i], job.logprobs[i])
@@ -191,7 +219,9 @@ class OpenAIChat:
     tok = ctx.fmt.tokenizer
     # A forced call (named tool_choice) is all call: nothing of it streams as content.
     texts = [StreamText(tok, stops=j.sampling.stop, hold_tool_calls=ctx.parse_tools,
-                        hold_all=bool(ctx.forced)) for j in jobs]
+                        hold_all=CALL_OPEN in ctx.forced) for j in jobs]
+    for t in texts:
+      t.split = ReasoningSplit(ctx.thinks)
     chunk = lambda choices, **kw: {**ctx.head, "object": "chat.completion.chunk",  # noqa: E731
                                    "system_fingerprint": jobs[0].weight_version or None,
                                    "choices": choices, **kw}
@@ -215,8 +245,9 @@ class OpenAIChat:
           if ctx.logprobs and job.top_logprobs is None and not job.sampling.top_logprobs:
             lp = self._logprobs(job, seen[i], ctx, end)
             seen[i] = end
-          if text or lp:
-            yield chunk([delta(i, {"content": text}, lp=lp)])
+          d = _text_delta(texts[i], text)
+          if d or lp or texts[i].split.pending:  # held reasoning: still a chunk, so a client
+            yield chunk([delta(i, d or {"content": ""}, lp=lp)])  # that left is noticed
           continue
         live -= 1
         yield from self._stream_end(job, texts[i], ctx, chunk, delta, seen[i])
@@ -233,9 +264,9 @@ class OpenAIChat:
     message, finish = self._choice_message(job, ctx)
     lp = self._logprobs(job, seen, ctx) if ctx.logprobs and seen < len(job.out_ids) else None
     if "tool_calls" in message:
-      rest = text.finish(job.finish, upto_call=True)
-      if rest or lp:
-        yield chunk([delta(job.index, {"content": rest}, lp=lp)])
+      d = _text_delta(text, text.finish(job.finish, upto_call=True), final=True)
+      if d or lp:
+        yield chunk([delta(job.index, d or {"content": ""}, lp=lp)])
       for k, call in enumerate(message["tool_calls"]):
         yield chunk([delta(job.index, {"tool_calls": [{
             "index": k, "id": call["id"], "type": "function",
@@ -243,9 +274,9 @@ class OpenAIChat:
         yield chunk([delta(job.index, {"tool_calls": [{
             "index": k, "function": {"arguments": call["function"]["arguments"]}}]})])
     else:
-      rest = text.finish(job.finish)
-      if rest or lp:
-        yield chunk([delta(job.index, {"content": rest}, lp=lp)])
+      d = _text_delta(text, text.finish(job.finish), final=True)
+      if d or lp:
+        yield chunk([delta(job.index, d or {"content": ""}, lp=lp)])
     yield chunk([delta(job.index, {}, finish=finish)])
 
 
@@ -255,6 +286,45 @@ class _Ctx:
   def __init__(self, fmt, parse_tools: bool, forced: str, logprobs: bool, head: dict):
     self.fmt, self.parse_tools, self.forced = fmt, parse_tools, forced
     self.logprobs, self.head = logprobs, head
+    self.thinks = False   # the generated turn starts inside a <think> block
+
+
+def _text_delta(stream: StreamText, text: str, final: bool = False) -> dict:
+  """A stream delta of released text: its reasoning and content parts (empty: nothing)."""
+  reasoning, content = stream.split.feed(text, final=final)
+  return {**({"reasoning_content": reasoning} if reasoning else {}),
+          **({"content": content} if content else {})}
+
+
+def _opens_think(fmt, forced: str) -> bool:
+  """The generation prompt (plus forced text) leaves the turn inside an open <think> block."""
+  return fmt.enable_thinking and fmt.family == "qwen3_5" and THINK_CLOSE not in forced
+
+
+def close_think(fmt) -> str:
+  """Text that closes the reasoning block a thinking Qwen3.5 prompt opened (else nothing)."""
+  return "\n</think>\n\n" if fmt.enable_thinking and fmt.family == "qwen3_5" else ""
+
+
+@functools.lru_cache(maxsize=8)
+def _thinking_format(fmt, enable_thinking: bool):
+  return type(fmt)(fmt.family, fmt.tokenizer, tools=fmt.tools, enable_thinking=enable_thinking,
+                   max_turn_chars=fmt.max_turn_chars)
+
+
+def _template_kwargs(fmt, value: Any) -> tuple[Any, dict]:
+  """`chat_template_kwargs`: enable_thinking picks the format; the rest go to the template."""
+  if value is None:
+    return fmt, {}
+  kwargs = dict(P.obj(value, "chat_template_kwargs"))
+  for key in ("tools", "messages", "add_generation_prompt", "chat_template", "tokenize"):
+    if key in kwargs:
+      raise RequestError(f"chat_template_kwargs.{key} cannot be set (the server sets it)")
+  if "enable_thinking" in kwargs:
+    thinking = P.boolean(kwargs.pop("enable_thinking"), "chat_template_kwargs.enable_thinking")
+    if thinking != fmt.enable_thinking:
+      fmt = _thinking_format(fmt, thinking)
+  return fmt, kwargs
 
 
 def _usage(jobs: list[Job]) -> dict:
@@ -299,12 +369,12 @@ def _format_for(fmt, tools_json: str):
   return _format_cache(fmt, tools_json)
 
 
-def forced_call_prefix(fmt, name: str) -> str:
-  """Text that opens a call of `name` right after the generation prompt (tool_choice named)."""
-  close_think = "\n</think>\n\n" if fmt.enable_thinking and fmt.family == "qwen3_5" else ""
+def forced_call_prefix(fmt, name: Optional[str]) -> str:
+  """Text that opens a call of `name` (None: of some tool, tool_choice 'required') right after
+  the generation prompt (tool_choice named)."""
   if fmt.family == "qwen3":
-    return f'{CALL_OPEN}\n{{"name": {json.dumps(name)}, "arguments": '
-  return f"{close_think}{CALL_OPEN}\n<function={name}>\n"
+    return f'{CALL_OPEN}\n{{"name": ' + (f'{json.dumps(name)}, "arguments": ' if name else "")
+  return f"{close_think(fmt)}{CALL_OPEN}\n" + (f"<function={name}>\n" if name else "")
 
 
 __all__ = ["OpenAIChat", "tool_call"]

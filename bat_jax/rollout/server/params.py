@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import math
 from http import HTTPStatus
 from typing import Any, Mapping, Optional, Sequence
 
 from bat_jax.rollout.engine import SamplingParams
+
+log = logging.getLogger("bat_jax.serve")
 
 MAX_N = 64                  # parallel samples per prompt
 MAX_BATCH = 256             # prompts x n per request
@@ -53,6 +56,26 @@ def no_unknown(body: Mapping, allowed, where: str) -> None:
   if unknown:
     raise RequestError(f"{where} does not accept field(s) {unknown[:20]}; "
                        f"accepted: {sorted(allowed)}")
+
+
+def ignore_unknown(body: Mapping, allowed, where: str, warned: set) -> None:
+  """vLLM's way with unknown fields: ignore them, logging one warning per field name (per server:
+  `warned` is the server's set of names already logged)."""
+  for key in sorted(str(k) for k in set(body) - set(allowed)):
+    if (where, key) not in warned and len(warned) < 4096:  # bounded: junk names cannot grow it
+      warned.add((where, key))
+      log.warning("%s: ignoring unknown field %r (further occurrences are not logged)",
+                  where, key[:100])
+
+
+def check_max_tokens(max_tokens: Optional[int], prompt_len: int, max_len: int,
+                     what: str) -> None:
+  """vLLM's 400 for a max_tokens that cannot fit the context after the prompt."""
+  if max_tokens is not None and prompt_len + max_tokens > max_len:
+    raise RequestError(
+        f"This model's maximum context length is {max_len} tokens. However, you requested "
+        f"{prompt_len + max_tokens} tokens ({prompt_len} in the {what}, {max_tokens} in the "
+        f"completion). Please reduce the length of the {what} or completion.")
 
 
 def number(value: Any, field: str, *, lo: float, hi: float, lo_open: bool = False) -> float:
@@ -119,6 +142,8 @@ class Sampling:
     top_logprobs: alternatives reported per generated token (0 = none).
     seed: OpenAI `seed` / SGLang `sampling_seed`; None = the engine's PRNG stream (not
       reproducible across batches). Choice i samples with `choice_seed(seed, i)`.
+    grammar: constrained decoding (response_format, SGLang json_schema / regex): each token
+      is sampled under the grammar's mask (`server.grammar`); None = unconstrained.
   """
   temperature: float = 1.0
   top_p: float = 1.0
@@ -134,6 +159,7 @@ class Sampling:
   no_stop_trim: bool = False
   top_logprobs: int = 0
   seed: Optional[int] = None
+  grammar: Optional[str] = None   # llguidance grammar of constrained decoding (`grammar`)
 
   @property
   def engine_stop_ids(self) -> tuple[int, ...]:
@@ -167,15 +193,15 @@ def choice_seed(seed: Optional[int], index: int) -> Optional[int]:
 
 
 # SGLang 0.5.23 sampling_params fields we implement, and those accepted only at their default
-# (penalties, constrained decoding, logit bias, ...): a non-default value is refused by name.
+# (penalties, ebnf / structural-tag grammars, logit bias, ...): other values are refused by name.
 _SGLANG_ONLY_DEFAULT = {"frequency_penalty": 0.0, "presence_penalty": 0.0,
-                        "repetition_penalty": 1.0, "min_new_tokens": 0, "json_schema": None,
-                        "regex": None, "ebnf": None, "structural_tag": None, "stop_regex": None,
+                        "repetition_penalty": 1.0, "min_new_tokens": 0, "ebnf": None,
+                        "structural_tag": None, "stop_regex": None,
                         "custom_params": None, "logit_bias": None}
 SGLANG_SAMPLING_FIELDS = frozenset(
     {"max_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p", "n",
      "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
-     "stream_interval", "sampling_seed"} | set(_SGLANG_ONLY_DEFAULT))
+     "stream_interval", "sampling_seed", "json_schema", "regex"} | set(_SGLANG_ONLY_DEFAULT))
 
 
 def only_default(body: Mapping, defaults: Mapping[str, Any], where: str) -> None:

@@ -42,11 +42,14 @@ class Job:
     index: the sample's index in its request (choice index).
     sink: optional queue receiving (index, new_ids, new_logprobs) after each step and
       (index, None, None) when the job ends (streaming).
+    constraint: optional `grammar.TokenConstraint`: the job then takes one token per step,
+      sampled under the grammar's mask, and ends when the grammar is complete.
   """
   prompt: tuple[int, ...]
   sampling: Sampling
   index: int = 0
   sink: Optional[queue.Queue] = None
+  constraint: Any = None
   out_ids: list = dataclasses.field(default_factory=list)
   logprobs: list = dataclasses.field(default_factory=list)
   top_logprobs: Optional[list] = None        # [N] lists of (token_id, logprob)
@@ -160,9 +163,14 @@ class Scheduler:
       if room <= 0 or want <= 0:
         self._end(job, {"type": "length", "length": len(job.out_ids)})
         continue
+      if job.constraint is not None and job.constraint.finished:
+        self._end(job, {"type": "stop", "matched": None})
+        continue
+      step = 1 if job.constraint is not None else self.step_tokens
       batch.append(job)
       requests.append(GenerateRequest(
-          ids, job.sampling.engine_params(min(want, room, self.step_tokens), vocab, job.index)))
+          ids, job.sampling.engine_params(min(want, room, step), vocab, job.index),
+          token_mask=None if job.constraint is None else job.constraint.mask()))
     if not batch:
       return
     self.steps += 1
@@ -181,6 +189,9 @@ class Scheduler:
     start = len(job.out_ids)
     job.out_ids.extend(c.output_ids)
     job.logprobs.extend(c.logprobs)
+    if job.constraint is not None:
+      for t in c.output_ids:
+        job.constraint.accept(t)
     finish = None
     matched = self._stop_matcher(job) if job.sampling.stop else None
     if matched is not None:
@@ -192,6 +203,8 @@ class Scheduler:
     elif job.sampling.max_new_tokens is not None and (
         len(job.out_ids) >= job.sampling.max_new_tokens):
       finish = {"type": "length", "length": len(job.out_ids)}
+    elif job.constraint is not None and job.constraint.finished:
+      finish = {"type": "stop", "matched": None}
     if job.sink is not None and len(job.out_ids) > start:
       job.sink.put((job.index, job.out_ids[start:], job.logprobs[start:]))
     if finish is not None:

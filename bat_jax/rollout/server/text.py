@@ -133,3 +133,117 @@ def top_logprobs(graphdef, params, prompt: Sequence[int], output: Sequence[int],
                             int(k), jnp.float32(temperature))
   vals, idx = np.asarray(vals), np.asarray(idx)
   return [[(int(idx[r, j]), float(vals[r, j])) for j in range(k)] for r in range(len(output))]
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+class ReasoningSplit:
+  """Splits an assistant turn into `reasoning_content` and `content` (vLLM's Qwen3 reasoning
+  parser): what precedes `</think>` is reasoning when the turn opens `<think>` itself, or when
+  the prompt opened it (`opened`) and the turn closes it; a turn that never closes the prompt's
+  block is all content (Qwen3 with thinking switched off by the model). The newlines after
+  `</think>` are dropped. Fed in pieces (streaming) it holds back what is not decided yet (a
+  partial tag; after an opened prompt, the text until `</think>`); `final=True` releases all."""
+
+  def __init__(self, opened: bool):
+    self.mode = "opened" if opened else "start"
+    self.pending = ""
+
+  def feed(self, text: str, final: bool = False) -> tuple[str, str]:
+    """(reasoning, content) that this piece releases."""
+    self.pending += text
+    reasoning = content = ""
+    while self.pending:
+      if self.mode == "opened":
+        if THINK_CLOSE in self.pending:
+          self.mode = "reasoning"
+          continue
+        if final:
+          self.mode = "content"
+          continue
+        break
+      if self.mode == "start":
+        head = self.pending.lstrip()
+        if head.startswith(THINK_OPEN):
+          self.pending, self.mode = head[len(THINK_OPEN):], "reasoning"
+          continue
+        if not final and THINK_OPEN.startswith(head):  # may still become <think>
+          break
+        self.mode = "content"
+      elif self.mode == "reasoning":
+        at = self.pending.find(THINK_CLOSE)
+        if at >= 0:
+          reasoning += self.pending[:at]
+          self.pending, self.mode = self.pending[at + len(THINK_CLOSE):], "after"
+          continue
+        keep = 0 if final else len(self.pending) - _partial_start(self.pending, THINK_CLOSE)
+        reasoning += self.pending[:len(self.pending) - keep]
+        self.pending = self.pending[len(self.pending) - keep:]
+        break
+      elif self.mode == "after":
+        self.pending = self.pending.lstrip("\n")
+        if self.pending:
+          self.mode = "content"
+      else:
+        content, self.pending = content + self.pending, ""
+    return reasoning, content
+
+
+def split_reasoning(text: str, opened: bool) -> tuple[Optional[str], str]:
+  """(reasoning or None when the turn has no reasoning block, content) of a whole turn."""
+  split = ReasoningSplit(opened)
+  reasoning, content = split.feed(text, final=True)
+  had = (opened and THINK_CLOSE in text) or text.lstrip().startswith(THINK_OPEN)
+  return (reasoning if had else None), content
+
+
+def _byte_level_decoder() -> dict[str, int]:
+  """Byte-level BPE's printable stand-in character of each byte (GPT-2), reversed."""
+  printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+               *range(ord("®"), ord("ÿ") + 1)]
+  others = [b for b in range(256) if b not in printable]
+  table = {chr(b): b for b in printable}
+  table.update({chr(256 + i): b for i, b in enumerate(others)})
+  return table
+
+
+_BYTE_DECODER = _byte_level_decoder()
+
+
+def token_bytes(tokenizer: Any, token_id: int) -> bytes:
+  """A token's raw bytes (also for a piece of a multi-byte UTF-8 character), from the
+  byte-level BPE vocabulary; added/special tokens are their UTF-8 text."""
+  piece = tokenizer.convert_ids_to_tokens(int(token_id))
+  if piece is None:
+    return b""
+  if any(c not in _BYTE_DECODER for c in piece):  # an added token outside the byte alphabet
+    return piece.encode("utf-8")
+  return bytes(_BYTE_DECODER[c] for c in piece)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _position_scores(graphdef, params, ids, k: int):
+  """ids [1, L] -> (logprob of ids[t + 1] after row t [L], top-k logprobs and ids [L, k]) at
+  temperature 1 (the last row's own logprob is junk: nothing follows it)."""
+  model = nnx.merge(graphdef, params)
+  hidden = model.hidden_states(ids)[0]                                  # [L, D]
+  logp = jax.nn.log_softmax(jnp.einsum("ld,dv->lv", hidden, model.unembed_kernel(),
+                                       preferred_element_type=jnp.float32), axis=-1)
+  following = jnp.concatenate([ids[0, 1:], ids[0, :1]])                 # [L]
+  own = jnp.take_along_axis(logp, following[:, None], axis=1)[:, 0]
+  vals, idx = jax.lax.top_k(logp, k)
+  return own, vals, idx
+
+
+def prompt_logprobs(graphdef, params, ids: Sequence[int], k: int
+                    ) -> list[Optional[tuple[float, list[tuple[int, float]]]]]:
+  """Per token of ids: None for the first, else (its logprob given the tokens before it, the k
+  most likely tokens there with their logprobs); vLLM's `prompt_logprobs` (temperature 1)."""
+  length = _bucket(len(ids))
+  padded = np.zeros((1, length), np.int32)
+  padded[0, :len(ids)] = ids
+  own, vals, idx = jax.device_get(_position_scores(graphdef, params, jnp.asarray(padded),
+                                                   max(int(k), 1)))
+  return [None] + [(float(own[r]), [(int(idx[r, j]), float(vals[r, j])) for j in range(k)])
+                   for r in range(len(ids) - 1)]

@@ -113,7 +113,12 @@ ATTACKS = [
     ("chat-temperature-Infinity", post(CHAT, b'{"messages":[{"role":"user","content":"x"}],'
                                              b'"temperature": -Infinity}'), {400}),
     ("chat-model-object", chat(model={"x": 1}), {404}),
-    ("chat-unknown-field", chat(functions=[]), {400}),
+    ("chat-response_format-bad-type", chat(response_format={"type": "xml"}), {400}),
+    ("chat-json_schema-not-object", chat(response_format={"type": "json_schema",
+                                                          "json_schema": {"schema": 5}}), {400}),
+    ("text-lone-surrogate", post(GEN, b'{"text": "ab\\ud800cd"}'), {400}),
+    ("chat-lone-surrogate", post(CHAT, b'{"messages":[{"role":"user","content":"\\udc00"}]}'),
+     {400}),
     ("chat-stream_options-junk", chat(stream=True, stream_options={"x": 1}), {400}),
     ("release-bad-tags", js("/release_memory_occupation", {"tags": "all"}), {400}),
     ("update-weights-no-path", js("/update_weights_from_disk", {"model_path": 5}), {400}),
@@ -184,3 +189,59 @@ def test_bad_content_length_names_the_header(served, header):
       reply += piece
     reply = reply.decode()
   assert reply.startswith("HTTP/1.1 400") and "Content-Length must be one" in reply
+
+
+def test_hundreds_of_stalled_clients_cannot_starve_health_or_generate(served):
+  """300 loopback sockets that send nothing or half a header hold no worker (there are 64):
+  /health and /generate still answer within a bound."""
+  app, base = served
+  url = urlparse(base)
+  generate = js(GEN, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})
+  assert send(base, generate, timeout=300)[0] == 200   # compiled before the clock starts
+  stalled = []
+  try:
+    for i in range(300):
+      sock = socket.create_connection((url.hostname, url.port), timeout=10)
+      if i % 2:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Le")
+      stalled.append(sock)
+    t0 = time.perf_counter()
+    for _ in range(3):
+      status, _ = send(base, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+      assert status == 200
+    assert send(base, generate)[0] == 200
+    assert time.perf_counter() - t0 < 10.0
+  finally:
+    for sock in stalled:
+      sock.close()
+
+
+def test_stalled_headers_get_408_after_the_deadline(model, tokenizer, chat):
+  from serve_fixtures import ENGINE
+  from flax import nnx
+  from bat_jax.rollout import server as serve
+  from bat_jax.rollout.jax_engine import JaxEngine
+  served = serve.ServedModel(engine=JaxEngine(model, ENGINE), model_path="/ckpt/x",
+                             load=lambda p: None, tokenizer=tokenizer, chat_format=chat,
+                             graphdef=nnx.split(model)[0])
+  app = serve.ServeApp(served)
+  httpd, base = serve.serve_in_thread(app, header_timeout_s=0.5, max_connections=2)
+  try:
+    url = urlparse(base)
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+      t0 = time.perf_counter()
+      sock.sendall(b"GET /health HTTP/1.1\r\nHo")
+      data = sock.recv(4096)
+      assert data.startswith(b"HTTP/1.1 408") and time.perf_counter() - t0 < 3.0
+    # Keep-alive still works: two requests on one connection.
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+      for _ in range(2):
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = b""
+        while not reply.endswith(b"}"):  # headers and body may come in separate packets
+          reply += sock.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 200") and b'"ok"' in reply, reply
+  finally:
+    httpd.shutdown()
+    httpd.server_close()
+    app.close()

@@ -124,7 +124,10 @@ def test_model_info_alias_and_refusals(served):
   for sp, message in [
       ({"top_k": 0}, "top_k = 0 is invalid"),
       ({"frequency_penalty": 0.5}, "frequency_penalty = 0.5 is not supported"),
-      ({"regex": "a+"}, "regex = 'a+' is not supported"),
+      ({"ebnf": "root ::= 'a'"}, "ebnf = \"root ::= 'a'\" is not supported"),
+      ({"regex": "a+", "json_schema": "{}"}, "at most one of json_schema, regex"),
+      ({"regex": "(unclosed"}, "sampling_params.regex is not a usable grammar"),
+      ({"json_schema": "{not json"}, "sampling_params.json_schema is not valid JSON"),
       ({"temperature": 1e300 * 10}, "temperature"),
       ({"min_p": 1.5}, "sampling_params.min_p = 1.5"),
       ({"n": 0}, "sampling_params.n = 0"),
