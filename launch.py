@@ -39,13 +39,18 @@ def initialize_distributed(section) -> None:
     sharding.maybe_initialize_distributed()
 
 
+def apply_host_malloc_settings() -> bool:
+  """Before JAX starts its threads: XLA:CPU's per-step buffers reuse freed pages instead of
+  faulting them in again (see bat_jax/host_memory.py; ~17% of the tiny GRPO step). CPU backends
+  only: on a GPU host the step's buffers are on the device. True when applied."""
+  from bat_jax import host_memory
+  return host_memory.cpu_backend_expected() and host_memory.retain_freed_memory()
+
+
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  # Before JAX starts its threads: XLA:CPU's per-step buffers reuse freed pages instead of
-  # faulting them in again (see bat_jax/host_memory.py; ~17% of the tiny GRPO step).
-  from bat_jax import host_memory
-  host_memory.retain_freed_memory()
+  apply_host_malloc_settings()
   # Library INFO logs (orbax writes several lines per save) stay out; the loop's own stay in.
   absl_logging.set_verbosity(absl_logging.WARNING)
   logging.getLogger("bat_jax").setLevel(logging.INFO)
