@@ -96,7 +96,11 @@ def phase_table(cfg, h: Holdings) -> dict[str, Any]:
   sglang = {"sft": {"context": 0, "static": 0, "activations": 0}, "evaluation/export": serving,
             "rollout": serving, "grpo_step": released}
   capacity, headroom = _gib(cfg, "device_gib"), _gib(cfg, "headroom_gib")
-  components: dict[str, dict[str, int]] = {}
+  order = ("JAX framework contexts (margin)", *resident, "export cast (bf16 slices)",
+           "step program (temp + I/O)", "JAX pool not in use (fraction layout)",
+           "rollout server context + graphs (margin)",
+           "rollout server static share (weights + KV)", "rollout server activations (margin)")
+  components = {name: {p: 0 for p in PHASES} for name in order}
   totals, jax_totals = {}, {}
   for phase in PHASES:
     rows = {"JAX framework contexts (margin)": _gib(cfg, "jax_context_gib"), **jax_rows[phase]}
@@ -108,7 +112,7 @@ def phase_table(cfg, h: Holdings) -> dict[str, Any]:
     rows["rollout server static share (weights + KV)"] = sglang[phase]["static"]
     rows["rollout server activations (margin)"] = sglang[phase]["activations"]
     for name, value in rows.items():
-      components.setdefault(name, {p: 0 for p in PHASES})[phase] = value
+      components[name][phase] = value
     totals[phase], jax_totals[phase] = sum(rows.values()), jax_used
   jax_fits = {p: not share["jax_pool"] or jax_totals[p] <= share["jax_pool"] + _gib(
       cfg, "jax_context_gib") for p in PHASES}
