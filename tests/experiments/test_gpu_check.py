@@ -26,19 +26,16 @@ BLOCKER = '''
 import importlib.machinery, os, sys
 BLOCKED = set(os.environ["GPU_CHECK_BLOCKED"].split(","))
 ALLOWED = os.environ["GPU_CHECK_ALLOWED"]
-class _BareBox:
-  """Top-level imports of BLOCKED modules resolve only under ALLOWED (the check's offline
-  install); anywhere else they do not exist."""
-  @staticmethod
-  def find_spec(name, path=None, target=None):
-    if path is not None or name not in BLOCKED:
-      return None
-    allowed = [p for p in sys.path if os.path.abspath(p).startswith(ALLOWED)]
-    spec = importlib.machinery.PathFinder.find_spec(name, allowed)
-    if spec is None:
-      raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-    return spec
-sys.meta_path.insert(0, _BareBox)
+class _BareBox(importlib.machinery.PathFinder):
+  """The path finder, except that BLOCKED top-level modules are looked up only under ALLOWED
+  (the check's offline install): anywhere else they are not installed."""
+  @classmethod
+  def find_spec(cls, name, path=None, target=None):
+    if path is None and name in BLOCKED:
+      path = [p for p in sys.path if os.path.abspath(p or ".").startswith(ALLOWED)]
+    return super().find_spec(name, path, target)
+sys.meta_path[:] = [_BareBox if f is importlib.machinery.PathFinder else f
+                    for f in sys.meta_path]
 '''
 
 
