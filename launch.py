@@ -69,13 +69,18 @@ def _validate(cfg) -> None:
     _fail(f"invalid config: {problems[0].strip()}" if len(problems) == 1 else str(e))
 
 
+def apply_host_malloc_settings() -> bool:
+  """Before JAX starts its threads: XLA:CPU's per-step buffers reuse freed pages instead of
+  faulting them in again (see bat_jax/host_memory.py; ~17% of the tiny GRPO step). CPU backends
+  only: on a GPU host the step's buffers are on the device. True when applied."""
+  from bat_jax import host_memory
+  return host_memory.cpu_backend_expected() and host_memory.retain_freed_memory()
+
+
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     _fail(f"unexpected arguments: {argv[1:]}")
-  # Before JAX starts its threads: XLA:CPU's per-step buffers reuse freed pages instead of
-  # faulting them in again (see bat_jax/host_memory.py; ~17% of the tiny GRPO step).
-  from bat_jax import host_memory
-  host_memory.retain_freed_memory()
+  apply_host_malloc_settings()
   cfg = _CONFIG.value
   _validate(cfg)
   # Library INFO logs (orbax writes several lines per save) stay out; the loop's own stay in.

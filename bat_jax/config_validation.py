@@ -183,8 +183,10 @@ def _check_training(ck: _Checker) -> None:
     ck.one_of("model.attention_impl", ATTENTION_IMPLS)
   ck.positive("memory.device_gib")
   ck.one_of("memory.layout", MEMORY_LAYOUTS)
-  ck.that("memory.rollout_reserved_gib", lambda v: 0 <= v < ck.get("memory.device_gib"),
-          ">= 0 and below memory.device_gib")
+  for field in ("memory.rollout_reserved_gib", "memory.jax_context_gib",
+                "memory.rollout_activation_gib", "memory.headroom_gib"):
+    ck.that(field, lambda v: 0 <= v < ck.get("memory.device_gib"),
+            ">= 0 and below memory.device_gib")
   ck.positive("sft.steps", "sft.global_batch_size", "sft.max_seq_len", "sft.num_examples")
   ck.that("sft.first_action_tasks", lambda v: isinstance(v, int) and v >= 0, "an int >= 0")
   ck.that("sft.bucket_lengths", lambda v: all(isinstance(b, int) and b > 0 for b in v),

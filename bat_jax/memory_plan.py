@@ -5,12 +5,15 @@ logprob pass and the GRPO step, through the same `bat_jax.train.Trainer` code a 
 config's full shapes (full width and depth, the real global batch, the longest sequence the config
 allows) on fake CPU devices shaped like the config's mesh, with abstract params (nothing is
 allocated). From the compiled programs' memory analysis and the state's shardings it prints, per
-device: params, optimizer state, reference, gradients, each program's temp and peak, the budget the
-layout (`memory.layout`, see `layout_budget`) leaves to JAX after the co-located rollout server's
-share, the rollout server's own need in its share, and `fits`. Exits 1 when something does not
-fit. `--json=PATH` writes the same numbers. The programs compile `--compile_workers` at a time
-(default: the usable CPUs) without LLVM optimisation (`PLAN_COMPILER_OPTIONS`), which changes
-the wall time, never the bytes.
+device: the state (params, AdamW moments, reference, gradients, export cast), each program's temp
+and what it adds beyond the state it reads, and the loop's per-phase, per-component table
+(`bat_jax.memory_phases`: SFT, evaluation/export, rollout, GRPO step; resident policy copies,
+export casts, framework contexts, the rollout server's share as SGLang sizes it from the memory
+free at its start, the rollout model's full size), with the headroom each phase leaves and
+`fits`. Exits 1 when something does not fit, 2 when a batch does not split over the mesh
+(`--hosts=N` plans N hosts of the config's mesh). `--json=PATH` writes the same numbers. The
+programs compile `--compile_workers` at a time (default: the usable CPUs) without LLVM
+optimisation (`PLAN_COMPILER_OPTIONS`), which changes the wall time, never the bytes.
 
 Model shapes come from `model.path/config.json` when it exists, else from the published Qwen3.5
 text configs below (keyed by the checkpoint directory's name), else `model.hf_config` (scratch).
@@ -32,8 +35,6 @@ from typing import Any, Callable, Optional
 from absl import app, flags
 from ml_collections import config_flags
 
-from bat_jax.config_validation import MEMORY_LAYOUTS
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,7 @@ class PlanFlags:
   json: Any
   num_layers: Any
   compile_workers: Any
+  hosts: Any
 
 
 def define_flags() -> PlanFlags:
@@ -55,7 +57,9 @@ def define_flags() -> PlanFlags:
       num_layers=flags.DEFINE_integer("num_layers", None,
                                       "plan a shallower model (measurements only)"),
       compile_workers=flags.DEFINE_integer("compile_workers", None,
-                                           "programs compiled at once (default: usable CPUs)"))
+                                           "programs compiled at once (default: usable CPUs)"),
+      hosts=flags.DEFINE_integer("hosts", None, "plan this many hosts of the config's mesh "
+                                 "(default: distributed.num_processes, else 1)"))
   flags.mark_flags_as_required(["config"])
   return held
 
@@ -82,10 +86,11 @@ PUBLISHED_TEXT_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def plan_devices(cfg) -> int:
-  """Devices of one host's mesh (`data=-1` plans one host: data 1)."""
-  sizes = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor]
-  return math.prod(s if s > 0 else 1 for s in sizes)
+def plan_devices(cfg, hosts: int = 1) -> int:
+  """Devices of the planned mesh: `hosts` hosts' worth (`data=-1` spans the hosts: data =
+  hosts; a given `data` counts every host's devices)."""
+  per_host = math.prod(s if s > 0 else 1 for s in (cfg.mesh.fsdp, cfg.mesh.tensor))
+  return per_host * (cfg.mesh.data if cfg.mesh.data > 0 else hosts)
 
 
 def _fake_devices(n: int) -> None:
@@ -97,8 +102,9 @@ def _fake_devices(n: int) -> None:
   os.environ["JAX_PLATFORMS"] = "cpu"
 
 
-def model_config(cfg, num_layers: Optional[int] = None):
-  """The policy's `ModelConfig` (see the module docstring for where shapes come from)."""
+def model_config(cfg, num_layers: Optional[int] = None, attention_impl: str = "chunked"):
+  """The policy's `ModelConfig` (see the module docstring for where shapes come from), with
+  `attention_impl` (the plan's fake CPU devices compile no GPU-only kernel: "chunked")."""
   from bat_jax.model import ModelConfig
   dtype, param_dtype = cfg.model.dtype, cfg.model.param_dtype
   if cfg.model.source == "scratch":
@@ -111,8 +117,7 @@ def model_config(cfg, num_layers: Optional[int] = None):
     raise FileNotFoundError(f"config.model.path={cfg.model.path!r} has no config.json and is not "
                             f"one of the published shapes {sorted(PUBLISHED_TEXT_CONFIGS)}")
   model_cfg = ModelConfig.from_hf_dict(hf, dtype=dtype, param_dtype=param_dtype)
-  # Fake CPU devices: the GPU-only kernels are not compiled here.
-  model_cfg = model_cfg.replace(attention_impl="chunked")
+  model_cfg = model_cfg.replace(attention_impl=attention_impl)
   if num_layers is not None:
     model_cfg = model_cfg.replace(num_hidden_layers=num_layers,
                                   layer_types=model_cfg.layer_types[:num_layers])
@@ -134,14 +139,14 @@ def shard_bytes(tree: Any, shardings: Any) -> int:
   return total
 
 
-def _phase(report: dict[str, int], resident_extra: int, donated: bool) -> dict[str, int]:
-  """Peak of one program: its arguments and outputs (donated state counted once), its temp,
-  and what stays resident without being an argument."""
+def _program(report: dict[str, int], resident_args: int, donated: bool) -> dict[str, int]:
+  """One compiled program: its temp, its arguments and outputs (donated state counted once),
+  and `extra`, what it adds to the device beyond the `resident_args` bytes of state it reads."""
   io = report["argument_size_in_bytes"] + report["output_size_in_bytes"]
   if donated:
     io -= report["alias_size_in_bytes"]
   return {"temp": report["temp_size_in_bytes"], "io": io,
-          "peak": io + report["temp_size_in_bytes"] + resident_extra}
+          "extra": max(io + report["temp_size_in_bytes"] - resident_args, 0)}
 
 
 def _batch(shapes: dict[str, tuple[tuple[int, ...], str]]) -> dict[str, Any]:
@@ -169,8 +174,8 @@ def _compile_programs(cfg, abstract, mesh, shapes: dict[str, tuple[int, int]], w
   """AOT-compiles the GRPO step, the SFT step and the logprob passes (abstract arguments).
   Returns (SFT trainer, GRPO trainer, abstract reference params, compile seconds)."""
   import jax
-  from bat_jax.bicurl.grpo_round import (grpo_config, grpo_trainer, logprob_pass_config,
-                                         optimizer_config, step_config)
+  from bat_jax.run_programs import (grpo_config, grpo_trainer, logprob_pass_config,
+                                    optimizer_config, step_config)
   from bat_jax.sft import sft_loss_fn
   from bat_jax.train import Trainer, TrainerConfig, cast_floating
 
@@ -200,12 +205,31 @@ def _compile_programs(cfg, abstract, mesh, shapes: dict[str, tuple[int, int]], w
   return sft, grpo, (ref if kl else None), seconds
 
 
+def batch_layout_errors(cfg, devices: int) -> list[str]:
+  """Why a batch dimension would not split over the mesh axes it is sharded on ("batch" ->
+  data x fsdp, all of them on `devices` devices): a micro-batch that does not divide silently
+  loses the fsdp axis (`sharding.logical_to_spec` drops it), so each device holds more rows
+  than planned. (Plan-side check; bat_jax.sharding's divisibility check from issue 25 item 2
+  replaces this once it lands.)"""
+  axes = devices // max(cfg.mesh.tensor, 1)   # "batch" rows split over data x fsdp
+  errors = []
+  for name, rows in (("sft", cfg.sft.global_batch_size),
+                     ("grpo", cfg.grpo.prompt_groups * cfg.grpo.group_size)):
+    micro = rows // getattr(cfg, name).micro_batches
+    if micro % axes:
+      errors.append(f"config.{name}: a micro-batch of {micro} rows ({rows} rows / "
+                    f"{name}.micro_batches={getattr(cfg, name).micro_batches}) does not split "
+                    f"over the {axes} devices of mesh data x fsdp")
+  return errors
+
+
 def plan(cfg, num_layers: Optional[int] = None, workers: int = 1) -> dict[str, Any]:
   """Compiles the run's programs abstractly (`workers` compiles at a time) and returns the
-  per-device plan (bytes)."""
+  per-device plan (bytes): state, programs, and the loop's phases (`bat_jax.memory_phases`)."""
   import jax
   from flax import nnx
-  from bat_jax.bicurl.grpo_round import run_mesh
+  from bat_jax import memory_phases
+  from bat_jax.run_programs import run_mesh
   from bat_jax.model import build_model
   from bat_jax.train import cast_floating
 
@@ -219,20 +243,26 @@ def plan(cfg, num_layers: Optional[int] = None, workers: int = 1) -> dict[str, A
   state, shardings = grpo.abstract_state, grpo.state_shardings
   params_b = shard_bytes(state.params, shardings.params)
   opt_b = shard_bytes(state.opt_state, shardings.opt_state)
+  sft_opt_b = shard_bytes(sft.abstract_state.opt_state, sft.state_shardings.opt_state)
   ref_b = 0 if ref is None else shard_bytes(ref, shardings.params)
-  grads_b = shard_bytes(jax.eval_shape(lambda p: cast_floating(p, "float32"), state.params),
-                        shardings.params)
+  cast = lambda dtype: shard_bytes(
+      jax.eval_shape(lambda p: cast_floating(p, dtype), state.params), shardings.params)
   mem = {**sft.memory, **grpo.memory}
-  phases = {
-      "sft_step": _phase(mem[f"step{(b_sft, t_sft)}"], 0, donated=True),
-      "old_logp_pass": _phase(mem[f"old_logp{(b_rl, t_rl)}"], opt_b + ref_b, donated=False),
-      "grpo_step": _phase(mem[f"step{(b_rl, t_rl)}"], ref_b, donated=True),
+  programs = {
+      "sft_step": _program(mem[f"step{(b_sft, t_sft)}"], params_b + sft_opt_b, donated=True),
+      "old_logp_pass": _program(mem[f"old_logp{(b_rl, t_rl)}"], params_b, donated=False),
+      "grpo_step": _program(mem[f"step{(b_rl, t_rl)}"], params_b + opt_b, donated=True),
   }
   if ref is not None:
-    phases["ref_logp_pass"] = _phase(mem[f"ref_logp{(b_rl, t_rl)}"], params_b + opt_b,
-                                     donated=False)
-  peak = max(p["peak"] for p in phases.values())
-  budget = layout_budget(cfg, resident=params_b + opt_b + ref_b, context=t_rl, model_cfg=model_cfg)
+    programs["ref_logp_pass"] = _program(mem[f"ref_logp{(b_rl, t_rl)}"], ref_b, donated=False)
+  need = rollout_need(cfg, model_cfg, t_rl)
+  holdings = memory_phases.Holdings(
+      sft_params=params_b, sft_optimizer=sft_opt_b, sft_program=programs["sft_step"]["extra"],
+      params=params_b, optimizer=opt_b, reference=ref_b, sft_policy=params_b,
+      export_cast=cast(cfg.rollout.sglang.dtype),
+      grpo_program=max(p["extra"] for n, p in programs.items() if n != "sft_step"),
+      rollout_need=need["rollout_need"])
+  table = memory_phases.phase_table(cfg, holdings)
   return {
       "config": {"model_layers": model_cfg.num_hidden_layers, "hidden": model_cfg.hidden_size,
                  "mesh": dict(mesh.shape), "sft_batch": [b_sft, t_sft],
@@ -242,39 +272,14 @@ def plan(cfg, num_layers: Optional[int] = None, workers: int = 1) -> dict[str, A
                  "reference_dtype": cfg.trainer.reference_dtype, "layout": cfg.memory.layout,
                  "seq_tile_size": model_cfg.seq_tile_size},
       "per_device": {"params": params_b, "optimizer": opt_b, "reference": ref_b,
-                     "gradients": grads_b, "phases": phases, "peak": peak},
-      "budget": budget,
-      "fits": bool(peak <= budget["jax"] and budget["rollout_fits"]),
-      "compile_seconds": seconds,
+                     "gradients": cast("float32"), "export_cast": holdings.export_cast,
+                     "programs": programs,
+                     # JAX's largest moment: a program beside the state it reads and the rest
+                     # of what stays resident (the measured peak of the GPU check compares here)
+                     "peak": max(holdings.sft_params + sft_opt_b + holdings.sft_program,
+                                 params_b + opt_b + ref_b + holdings.grpo_program)},
+      "rollout": need, "phases": table, "fits": table["all_fit"], "compile_seconds": seconds,
   }
-
-
-def layout_budget(cfg, *, resident: int, context: int, model_cfg) -> dict[str, Any]:
-  """JAX's budget per device and the rollout server's share under `memory.layout`.
-
-  fraction: JAX gets `xla_mem_fraction` of the device, SGLang the rest.
-  timeshare: SGLang releases its memory around each train step, keeping `rollout_reserved_gib`,
-  so a step may use the rest; during rollouts SGLang's `mem_fraction_static` share must fit
-  beside what JAX keeps between steps (`resident`: params, moments, reference).
-  """
-  device = int(cfg.memory.device_gib * GIB)
-  s = cfg.rollout.sglang
-  if cfg.memory.layout == "timeshare":
-    jax_budget = device - int(cfg.memory.rollout_reserved_gib * GIB)
-    share = int(device * s.mem_fraction_static)
-    share_ok = share + resident <= device
-  elif cfg.memory.layout == "fraction":
-    jax_budget = int(device * (cfg.distributed.xla_mem_fraction or 1.0))
-    share = device - jax_budget
-    share_ok = True
-  else:
-    raise ValueError(f"config.memory.layout={cfg.memory.layout!r} is not one of "
-                     f"{list(MEMORY_LAYOUTS)}")
-  need = rollout_need(cfg, model_cfg, context)
-  uses_sglang = cfg.rollout.engine == "sglang"
-  return {"device": device, "jax": jax_budget, "jax_resident": resident, "rollout_share": share,
-          **need, "rollout_fits": bool(not uses_sglang or (share_ok and need["rollout_need"]
-                                                           <= share))}
 
 
 def rollout_need(cfg, model_cfg, context: int) -> dict[str, int]:
@@ -300,21 +305,17 @@ def rollout_need(cfg, model_cfg, context: int) -> dict[str, int]:
 
 
 def format_table(result: dict[str, Any]) -> str:
-  gib = lambda b: f"{b / GIB:8.2f}"
-  d, budget = result["per_device"], result["budget"]
+  from bat_jax import memory_phases
+  gib = lambda b: f"{b / GIB:.2f}"
+  d = result["per_device"]
   lines = [f"memory plan: {result['config']}",
-           f"{'per device (GiB)':<28}{'':>8}",
-           f"{'params':<28}{gib(d['params'])}",
-           f"{'optimizer state':<28}{gib(d['optimizer'])}",
-           f"{'reference':<28}{gib(d['reference'])}",
-           f"{'gradients (in step temp)':<28}{gib(d['gradients'])}"]
-  for name, p in d["phases"].items():
-    lines.append(f"{name + ' temp':<28}{gib(p['temp'])}   peak {gib(p['peak'])}")
-  lines += [f"{'total (largest peak)':<28}{gib(d['peak'])}",
-            f"{'JAX budget':<28}{gib(budget['jax'])}   of {gib(budget['device'])} "
-            f"({result['config']['layout']}; resident between steps {gib(budget['jax_resident'])})",
-            f"{'rollout share / need':<28}{gib(budget['rollout_share'])}   need "
-            f"{gib(budget['rollout_need'])} (weights {gib(budget['rollout_weights'])})",
+           f"state per device (GiB): params {gib(d['params'])}, AdamW {gib(d['optimizer'])}, "
+           f"reference {gib(d['reference'])}, gradients (in the step's temp) "
+           f"{gib(d['gradients'])}, export cast {gib(d['export_cast'])}"]
+  for name, p in d["programs"].items():
+    lines.append(f"  {name:<14} temp {gib(p['temp']):>6}  beyond the state it reads "
+                 f"{gib(p['extra']):>6}")
+  lines += [memory_phases.format_phase_table(result["phases"]),
             f"compile seconds: {result['compile_seconds']}",
             f"fits: {'true' if result['fits'] else 'false'}"]
   return "\n".join(lines)
@@ -323,13 +324,21 @@ def format_table(result: dict[str, Any]) -> str:
 def main(argv, held: PlanFlags) -> int:
   del argv
   cfg = held.config.value
-  _fake_devices(plan_devices(cfg))
+  hosts = held.hosts.value or cfg.distributed.num_processes or 1
+  devices = plan_devices(cfg, hosts)
+  errors = batch_layout_errors(cfg, devices)
+  if errors:
+    print(f"memory plan refused ({hosts} host(s), {devices} devices):\n  " + "\n  ".join(errors),
+          file=sys.stderr)
+    return 2
+  _fake_devices(devices)
   import jax
-  if jax.device_count() != plan_devices(cfg):
-    raise RuntimeError(f"memory_plan needs {plan_devices(cfg)} fake devices but jax has "
+  if jax.device_count() != devices:
+    raise RuntimeError(f"memory_plan needs {devices} fake devices but jax has "
                        f"{jax.device_count()} (a backend was initialised before XLA_FLAGS)")
   workers = held.compile_workers.value or len(os.sched_getaffinity(0))
   result = plan(cfg, held.num_layers.value, workers)
+  result["config"]["hosts"] = hosts
   print(format_table(result), flush=True)
   if held.json.value:
     Path(held.json.value).write_text(json.dumps(result, indent=2) + "\n")

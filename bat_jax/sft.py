@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
-import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,6 +26,9 @@ from bat_jax import sharding
 from bat_jax.grpo.logprobs import taken_token_logprobs
 from bat_jax.train.step import Batch, OptimizerConfig, RematPolicy, StepConfig, TrainState
 from bat_jax.train.trainer import Trainer, TrainerConfig
+
+if TYPE_CHECKING:  # imported where used: the loss alone needs no data pipeline (GPU check)
+  import grain
 
 Example = tuple[Sequence[int], Sequence[int]]  # (ids, loss_mask) of one conversation
 
@@ -141,6 +143,7 @@ def sft_dataset(examples: Sequence[Example], *, batch_size: int, max_len: int, s
     if not np.any(np.asarray(mask)):
       raise ValueError(f"SFT example {i} has an all-zero loss_mask (no target tokens)")
   groups = length_groups([len(ids) for ids, _ in examples], bucket_lengths, max_len, batch_size)
+  import grain  # the data pipeline (see the imports)
   parts = [grain.MapDataset.source([pad_example(*examples[i], max_len=length, pad_id=pad_id)
                                     for i in members])
            .shuffle(seed=seed + j).repeat(None).batch(batch_size, drop_remainder=True)

@@ -184,6 +184,13 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
+def active_mesh() -> tuple[Mesh, tuple] | None:
+  """`(mesh, rules)` of the active `activation_sharding` context (None outside one or on a
+  1-device mesh): for code that maps over devices explicitly (`jax.shard_map`)."""
+  active = _ACTIVATION_SHARDING.get()
+  return None if active is None or active[0].size == 1 else active
+
+
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
   """Leading (batch) dim over ("data", "fsdp"); other dims replicated."""
   if ndim < 1:

@@ -141,8 +141,14 @@ def memory_config() -> ml_collections.ConfigDict:
   # and reference; a step may use all but `rollout_reserved_gib`.
   s = ml_collections.ConfigDict()
   s.layout = "fraction"
-  s.device_gib = 80.0
-  s.rollout_reserved_gib = 4.0    # timeshare: what a released rollout server still holds
+  # What the card reports, not its marketing size: an "80 GB" H100 / A100 shows ~79.6 GiB
+  # (nvidia-smi memory.total; jax: memory_stats()["bytes_limit"] / mem fraction).
+  s.device_gib = 79.6
+  s.rollout_reserved_gib = 4.0    # what a rollout server holds beyond its static share (its
+                                  # CUDA / NCCL context, CUDA graphs; all it keeps when released)
+  s.jax_context_gib = 1.5         # JAX's CUDA context, cuBLAS / cuDNN workspaces, NCCL buffers
+  s.rollout_activation_gib = 2.0  # the serving server's activations (within its 1 - fraction)
+  s.headroom_gib = 4.0            # memory_plan: every phase must leave this much free
   return s
 
 

@@ -50,7 +50,7 @@ def get_reference_config(size: str, arg: Optional[str] = None) -> ml_collections
   # moments and the bf16 reference (14.6 GiB per GPU at 9B), and SGLang's static share (60% of
   # the GPU, taken at start-up while JAX holds nothing) fits beside them.
   c.memory.layout = "timeshare"
-  c.memory.device_gib = 80.0
+  c.memory.device_gib = 79.6             # what an 80 GB card reports
   c.memory.rollout_reserved_gib = 4.0
   c.distributed.xla_mem_fraction = None
   c.rollout.engine = "sglang"

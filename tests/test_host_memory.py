@@ -60,3 +60,43 @@ def test_a_rejected_setting_is_an_error_naming_it(monkeypatch):
   monkeypatch.setattr(host_memory.ctypes, "CDLL", lambda name: RejectingLibc)
   with pytest.raises(RuntimeError, match=rf"rejected parameters \[{host_memory.M_ARENA_MAX}\]"):
     host_memory.retain_freed_memory()
+
+
+@pytest.mark.parametrize("platforms, expected", [("cpu", True), ("cuda", False),
+                                                 ("cuda,cpu", False), (" CPU ", True),
+                                                 ("tpu", False)])
+def test_jax_platforms_decides_the_backend(monkeypatch, platforms, expected):
+  monkeypatch.setenv("JAX_PLATFORMS", platforms)
+  assert host_memory.cpu_backend_expected() is expected
+
+
+def test_without_jax_platforms_a_gpu_needs_both_plugin_and_device(monkeypatch):
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  plugins: set[str] = set()
+  nodes: list[str] = []
+
+  def distribution(name):
+    if name not in plugins:
+      raise host_memory.importlib.metadata.PackageNotFoundError(name)
+    return object()
+
+  monkeypatch.setattr(host_memory.importlib.metadata, "distribution", distribution)
+  monkeypatch.setattr(host_memory.glob, "glob",
+                      lambda pattern: [n for n in nodes if n.startswith(pattern[:9])])
+  assert host_memory.cpu_backend_expected() is True             # this box: neither
+  plugins.add("jax-cuda13-plugin")
+  assert host_memory.cpu_backend_expected() is True             # plugin, but no GPU
+  nodes.append("/dev/nvidia0")
+  assert host_memory.cpu_backend_expected() is False            # a CUDA host
+  plugins.clear()
+  assert host_memory.cpu_backend_expected() is True             # a GPU JAX cannot use
+
+
+def test_launch_sets_malloc_only_for_a_cpu_backend(monkeypatch):
+  import launch
+  calls = []
+  monkeypatch.setattr(host_memory, "retain_freed_memory", lambda: calls.append(1) or True)
+  monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+  assert launch.apply_host_malloc_settings() is False and calls == []
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  assert launch.apply_host_malloc_settings() is True and calls == [1]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bat_jax import memory_plan
+from bat_jax import memory_phases, memory_plan
 from bat_jax.train import trainer as trainer_module
 from configs import bat4b, bat9b, tiny
 
@@ -41,10 +41,17 @@ def test_plan_counts_state_bytes_and_compiles_every_program(tiny_plan):
   assert d["params"] == 4 * n_params == d["gradients"]      # fp32 on one device
   assert 2 * d["params"] <= d["optimizer"] <= 2 * d["params"] + 64  # mu, nu, step counters
   assert d["reference"] == 4 * n_params                     # tiny keeps the reference fp32
-  assert set(d["phases"]) == {"sft_step", "old_logp_pass", "ref_logp_pass", "grpo_step"}
-  for name, phase in d["phases"].items():
-    assert phase["temp"] > 0 and phase["peak"] >= phase["temp"], name
-  assert d["peak"] == max(p["peak"] for p in d["phases"].values())
+  assert d["export_cast"] == 2 * n_params                   # the bf16 export
+  assert set(d["programs"]) == {"sft_step", "old_logp_pass", "ref_logp_pass", "grpo_step"}
+  for name, program in d["programs"].items():
+    assert program["temp"] > 0 and program["extra"] >= program["temp"], name
+  table = result["phases"]
+  assert set(table["totals"]) == set(memory_phases.PHASES)
+  grpo = {k: v["grpo_step"] for k, v in table["components"].items()}
+  assert grpo["SFT policy"] == grpo["training params (round start)"] == d["params"]
+  assert grpo["step program (temp + I/O)"] == max(
+      p["extra"] for n, p in d["programs"].items() if n != "sft_step")
+  assert table["totals"]["grpo_step"] == sum(grpo.values())
   assert result["config"]["grpo_batch"] == [2, 256] and result["config"]["sft_batch"] == [2, 128]
   assert result["fits"] is True
   json.dumps(result)  # the --json output is plain JSON
@@ -61,30 +68,76 @@ def test_concurrent_compiles_without_llvm_optimisation_give_the_same_figures(tin
   sequential = memory_plan.plan(small_tiny(), workers=1)
   assert len(trainer_module._COMPILED) == 4   # every program compiled again, none shared
   assert concurrent["per_device"] == sequential["per_device"]
-  assert concurrent["budget"] == sequential["budget"] and sequential["fits"]
-  assert set(sequential["compile_seconds"]) == set(concurrent["per_device"]["phases"])
+  assert concurrent["phases"] == sequential["phases"] and sequential["fits"]
+  assert set(sequential["compile_seconds"]) == set(concurrent["per_device"]["programs"])
 
 
-def test_layouts_budget_the_rollout_share(tiny_plan):
-  cfg, result = tiny_plan
-  model_cfg = memory_plan.model_config(cfg)
+def _holdings(**kw) -> memory_phases.Holdings:
+  values = dict(sft_params=4 * GIB, sft_optimizer=8 * GIB, sft_program=30 * GIB,
+                params=4 * GIB, optimizer=8 * GIB, reference=2 * GIB, sft_policy=4 * GIB,
+                export_cast=2 * GIB, grpo_program=40 * GIB, rollout_need=20 * GIB)
+  return memory_phases.Holdings(**{**values, **kw})
+
+
+def _sglang_cfg(layout: str, **memory):
+  cfg = bat9b.get_config()
   with cfg.unlocked():
-    cfg.rollout.engine = "sglang"
-    cfg.distributed.xla_mem_fraction = 0.25
-  fixed = memory_plan.layout_budget(cfg, resident=GIB, context=256, model_cfg=model_cfg)
-  assert fixed["jax"] == 20 * GIB and fixed["rollout_share"] == 60 * GIB
-  with cfg.unlocked():
-    cfg.memory.layout = "timeshare"
-    cfg.rollout.sglang.mem_fraction_static = 0.9
-  shared = memory_plan.layout_budget(cfg, resident=GIB, context=256, model_cfg=model_cfg)
-  assert shared["jax"] == 76 * GIB and shared["rollout_fits"]
-  # 72 GiB of SGLang beside 10 GiB that JAX keeps between steps does not fit an 80 GiB device.
-  assert not memory_plan.layout_budget(cfg, resident=10 * GIB, context=256,
-                                       model_cfg=model_cfg)["rollout_fits"]
-  with cfg.unlocked():
-    cfg.memory.layout = "split"
+    cfg.memory.layout = layout
+    cfg.distributed.xla_mem_fraction = 0.5 if layout == "fraction" else None
+    for k, v in memory.items():
+      setattr(cfg.memory, k, v)
+  return cfg
+
+
+def test_the_rollout_share_is_a_fraction_of_the_memory_free_when_it_starts():
+  # bat9b: 79.6 GiB cards, 1.5 GiB contexts each for JAX and SGLang; JAX holds the SFT policy
+  # at launch (timeshare) or its whole preallocated pool (fraction); SGLang takes 0.6 of the rest.
+  timeshare = memory_phases.phase_table(_sglang_cfg("timeshare"), _holdings())
+  free = 79.6 * GIB - 1.5 * GIB - 4 * GIB - 1.5 * GIB
+  assert timeshare["rollout"]["free_at_launch"] == pytest.approx(free, abs=2)
+  assert timeshare["rollout"]["static"] == pytest.approx(0.6 * free, abs=2)
+  fraction = memory_phases.phase_table(_sglang_cfg("fraction"), _holdings())
+  assert fraction["rollout"]["jax_pool"] == int(0.5 * 79.6 * GIB)
+  assert fraction["rollout"]["free_at_launch"] == pytest.approx(
+      79.6 * GIB - 3 * GIB - 0.5 * 79.6 * GIB, abs=2)
+  # The pool is held whole in every phase: each phase's JAX rows + unused pool = pool + context.
+  for phase in memory_phases.PHASES:
+    rows = {k: v[phase] for k, v in fraction["components"].items()}
+    jax_rows = sum(v for k, v in rows.items() if not k.startswith("rollout server"))
+    assert jax_rows >= fraction["rollout"]["jax_pool"] + 1.5 * GIB - 2, phase
+
+
+def test_each_phase_counts_what_the_loop_holds_and_the_released_server():
+  table = memory_phases.phase_table(_sglang_cfg("timeshare"), _holdings())
+  c = table["components"]
+  assert c["SFT policy"] == {"sft": 0, "evaluation/export": 4 * GIB, "rollout": 4 * GIB,
+                             "grpo_step": 4 * GIB}
+  assert c["export cast (bf16 slices)"]["rollout"] == 2 * GIB
+  assert c["export cast (bf16 slices)"]["grpo_step"] == 0
+  static = table["rollout"]["static"]
+  assert c["rollout server static share (weights + KV)"] == {
+      "sft": 0, "evaluation/export": static, "rollout": static, "grpo_step": 0}  # released
+  assert c["rollout server context + graphs (margin)"]["grpo_step"] == 4 * GIB
+  # grpo_step: 1.5 + 4 + 4 + 8 + 2 + 40 + 4 (released server) = 63.5 GiB of 79.6.
+  assert table["totals"]["grpo_step"] == pytest.approx(63.5 * GIB, abs=8)
+  assert table["fits"]["grpo_step"] and table["all_fit"]
+  tight = memory_phases.phase_table(_sglang_cfg("timeshare"), _holdings(grpo_program=53 * GIB))
+  assert tight["headroom"]["grpo_step"] == pytest.approx(3.1 * GIB, abs=8)   # < 4 GiB needed
+  assert not tight["fits"]["grpo_step"] and not tight["all_fit"]
+  short = memory_phases.phase_table(_sglang_cfg("timeshare"), _holdings(rollout_need=60 * GIB))
+  assert not short["rollout_fits"] and not short["all_fit"]
   with pytest.raises(ValueError, match="config.memory.layout='split'"):
-    memory_plan.layout_budget(cfg, resident=GIB, context=256, model_cfg=model_cfg)
+    memory_phases.phase_table(_sglang_cfg("split"), _holdings())
+
+
+def test_hosts_plan_refuses_a_micro_batch_that_does_not_split():
+  cfg = bat9b.get_config()
+  assert memory_plan.plan_devices(cfg) == 8 and memory_plan.batch_layout_errors(cfg, 8) == []
+  devices = memory_plan.plan_devices(cfg, hosts=2)
+  errors = memory_plan.batch_layout_errors(cfg, devices)
+  assert devices == 16 and len(errors) == 2, errors
+  assert "config.grpo: a micro-batch of 8 rows" in errors[1] and "16 devices" in errors[1]
+  assert memory_plan.plan_devices(bat9b.get_config("hosts=2")) == 8  # the flag decides
 
 
 @pytest.mark.parametrize("module", [bat9b, bat4b])
@@ -112,10 +165,21 @@ def test_cli_exits_nonzero_when_the_plan_does_not_fit(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["configs/bat9b.py", "configs/bat4b.py"])
+@pytest.mark.parametrize("config", [
+    pytest.param("configs/bat9b.py", marks=pytest.mark.xfail(
+        strict=True, reason="issue 25: counting the resident fp32 SFT policy, contexts and the "
+        "released server, bat9b's GRPO step phase leaves -3.6 GiB of 79.6 (TP 2: +1.1)")),
+    "configs/bat4b.py"])
 def test_reference_configs_fit_one_8x80gb_node(config, tmp_path):
   proc, result = _run_plan(config, tmp_path)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert "fits: true" in proc.stdout
-  assert result["config"]["model_layers"] == 32 and result["config"]["mesh"]["fsdp"] == 8
-  assert result["per_device"]["peak"] <= result["budget"]["jax"]
+  assert result["config"]["model_layers"] == 32
+  assert all(result["phases"]["fits"].values()) and result["phases"]["rollout_fits"]
+
+
+def test_cli_hosts_refuses_the_bat9b_micro_batch_on_two_hosts(tmp_path):
+  proc, result = _run_plan("configs/bat9b.py", tmp_path, "--hosts=2")
+  assert proc.returncode == 2 and result == {}, proc.stderr[-2000:]
+  assert "memory plan refused (2 host(s), 16 devices)" in proc.stderr
+  assert "config.grpo: a micro-batch of 8 rows" in proc.stderr

@@ -1,19 +1,23 @@
 """Taken-token logprobs without materialising the `[B, T, V]` float32 logits.
 
 The final hidden states are cut into sequence chunks and a `lax.scan` computes, per chunk, the
-`[B, C, V]` logits, their logsumexp and the taken token's logit. By default each chunk is
-checkpointed (`_recomputing_head`): the backward recomputes its logits from the saved `[B, C, D]`
-hidden chunk, so peak memory is O(B * C * V) instead of O(B * T * V) (Qwen3.5's V is ~248k). For
+`[B, C, V]` logits, their logsumexp and the taken token's logit. By default the backward
+(`_recomputing_head`) recomputes each chunk's logits from its `[B, C, D]` hidden chunk, so peak
+memory is O(B * C * V) instead of O(B * T * V) (Qwen3.5's V is ~248k). For
 small vocabularies `save_probs` keeps the whole `[B, T, V]` softmax (no chunks) and a hand-written
-backward (`_saved_probs_head`) skips that matmul. (The hand-written backward in recompute mode cost
-3.3 GiB more per device in the bat9b memory plan, so the 9B path stays checkpointed.)"""
+backward (`_saved_probs_head`) skips that matmul. The recomputing backward runs per device and
+reduces the unembedding's gradient once, after the chunk loop (see `_recomputing_head`); its
+local fp32 `[D, V]` accumulator costs 1.7 GiB more temp per device in the bat9b GRPO step's plan
+(58.9 vs 57.2 GiB) and saves 2 all-gathers and 1 all-reduce of `[D, V]` per chunk."""
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from bat_jax import sharding
 
@@ -73,28 +77,106 @@ def _saved_probs_head(temperature: float, with_entropy: bool):
   return head
 
 
+def _chunk_stats(h: Array, t: Array, kernel: Array, temperature: float, with_entropy: bool):
+  """`(logits [B, C, V], logp [B, C], entropy [B, C], lse [B, C])` of one hidden chunk."""
+  logits = _chunk_logits(h, kernel, temperature)
+  lse = jax.nn.logsumexp(logits, axis=-1)                              # [B, C]
+  # A one-hot select, not take_along_axis (exact: one logit plus zeros; a gather's transpose
+  # is a scatter, serial on CPU).
+  hit = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2) == t[..., None]
+  taken = jnp.sum(jnp.where(hit, logits, 0.0), axis=-1)                # [B, C]
+  ent = jnp.zeros_like(lse)
+  if with_entropy:
+    ent = lse - (jax.nn.softmax(logits, axis=-1) * logits).sum(-1)
+  return logits, taken - lse, ent, lse
+
+
+def _split_axes(spec, mesh) -> tuple[str, ...]:
+  """The mesh axes of size > 1 in one PartitionSpec entry."""
+  axes = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+  return tuple(a for a in axes if mesh.shape[a] > 1)
+
+
+def _local_backward(h_chunks: Array, t_chunks: Array, kernel: Array, lse: Array, d_logp: Array,
+                    temperature: float, vocab_axes: tuple[str, ...],
+                    varying_axes: tuple[str, ...] = ()) -> tuple[Array, Array]:
+  """One device's backward of `_recomputing_head` over its rows: `(d_hidden [N, B, C, D],
+  d_kernel [1, D, V])`, the kernel's gradient summed over this device's rows only, in fp32.
+  `kernel` is `[D, V]` (this device's vocab slice when `vocab_axes` shard it); `lse` is the
+  forward's global logsumexp, so a vocab slice's softmax needs no collective. `varying_axes`: the
+  mesh axes the inputs are split over (the accumulator differs along them)."""
+  offset = 0
+  if vocab_axes:
+    offset = jax.lax.axis_index(vocab_axes) * kernel.shape[1]
+
+  def one_chunk(d_kernel, xs):
+    h, t, lse_c, d_c = xs                                                 # [B, C, ...]
+    logits = _chunk_logits(h, kernel, temperature)                        # [B, C, V]
+    hit = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2) + offset == t[..., None]
+    probs = jnp.exp(logits - lse_c[..., None])
+    d_logits = ((hit.astype(jnp.float32) - probs) * (d_c / temperature)[..., None]
+                ).astype(kernel.dtype)
+    flat = d_logits.reshape(-1, d_logits.shape[-1])                       # [B*C, V]
+    d_h = jnp.dot(flat, kernel.T, preferred_element_type=jnp.float32)    # [B*C, D]
+    if vocab_axes:  # each vocab slice contributes a partial sum
+      d_h = jax.lax.psum(d_h, vocab_axes)
+    d_kernel += jnp.dot(h.reshape(-1, h.shape[-1]).T, flat, preferred_element_type=jnp.float32)
+    return d_kernel, d_h.reshape(h.shape).astype(h.dtype)
+
+  zeros = jnp.zeros(kernel.shape, jnp.float32)
+  if varying_axes:
+    zeros = jax.lax.pcast(zeros, varying_axes, to="varying")
+  d_kernel, d_h = jax.lax.scan(one_chunk, zeros, (h_chunks, t_chunks, lse, d_logp))
+  return d_h, d_kernel[None]
+
+
 def _recomputing_head(temperature: float, with_entropy: bool):
-  """Same signature as `_saved_probs_head`; each chunk is checkpointed, so the backward
-  recomputes its logits (memory O(B * C * V) at any length: the 9B shapes)."""
+  """Same signature as `_saved_probs_head` over `[N, B, C, ...]` chunks: the backward recomputes
+  each chunk's logits (memory O(B * C * V) at any length: the 9B shapes).
 
-  def head(h_chunks, t_chunks, kernel):
-    @jax.checkpoint
-    def one_chunk(h: Array, t: Array) -> tuple[Array, Array]:
-      logits = _chunk_logits(h, kernel, temperature)
-      lse = jax.nn.logsumexp(logits, axis=-1)                            # [B, C]
-      # A one-hot select, not take_along_axis: its gradient is a select too, where a gather's
-      # is a scatter (serial on CPU). Exact: one logit plus zeros.
-      hit = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2) == t[..., None]
-      taken = jnp.sum(jnp.where(hit, logits, 0.0), axis=-1)              # [B, C]
-      ent = jnp.zeros_like(lse)
-      if with_entropy:
-        probs = jax.nn.softmax(jax.lax.stop_gradient(logits), axis=-1)
-        ent = jax.lax.stop_gradient(lse) - (probs * jax.lax.stop_gradient(logits)).sum(-1)
-      return taken - lse, ent
+  Collectives stay out of the chunk loop. The unembedding is gathered over its FSDP shards once,
+  before the loop (not once per chunk each way), and the backward runs per device
+  (`jax.shard_map`): each device accumulates its rows' `[D, V]` gradient locally in fp32 and the
+  devices' sums are reduced once, after the loop. (Differentiating through a scan all-reduces
+  the gradient at every chunk, and under automatic partitioning XLA moves even an explicit
+  per-shard accumulator's reduction back into the loop; tests/grpo/test_logprobs.py counts the
+  collectives in the compiled HLO.)
+  """
 
-    _, out = jax.lax.scan(lambda c, xs: (c, one_chunk(*xs)), None, (h_chunks, t_chunks))
-    return out
+  def forward(h_chunks, t_chunks, kernel):
+    kernel = sharding.constrain(kernel, (None, "vocab"))  # gathered once over "embed"'s shards
 
+    def one_chunk(_, xs):
+      _, logp, ent, lse = _chunk_stats(*xs, kernel, temperature, with_entropy)
+      return None, (logp, ent, lse)
+
+    _, (logp, ent, lse) = jax.lax.scan(one_chunk, None, (h_chunks, t_chunks))
+    return (logp, ent), (h_chunks, t_chunks, kernel, lse)
+
+  def backward(residuals, cotangents):
+    h_chunks, t_chunks, kernel, lse = residuals
+    d_logp = cotangents[0]  # [N, B, C]; the entropy's cotangent is dropped (no gradient)
+    active = sharding.active_mesh()
+    if active is None:
+      d_h, d_kernel = _local_backward(h_chunks, t_chunks, kernel, lse, d_logp, temperature,
+                                      vocab_axes=())
+      return d_h, None, d_kernel[0].astype(kernel.dtype)
+    mesh, rules = active
+    spec = lambda name, size: _split_axes(
+        sharding.logical_to_spec((name,), rules, shape=(size,), mesh=mesh)[0], mesh) or None
+    batch, vocab = spec("batch", h_chunks.shape[1]), spec("vocab", kernel.shape[1])
+    chunks = P(None, batch)
+    local = jax.shard_map(
+        functools.partial(_local_backward, temperature=temperature, vocab_axes=vocab or (),
+                          varying_axes=(*(batch or ()), *(vocab or ()))),
+        mesh=mesh, in_specs=(chunks, chunks, P(None, vocab), chunks, chunks),
+        out_specs=(chunks, P(batch, None, vocab)))
+    d_h, d_kernel = local(h_chunks, t_chunks, kernel, lse, d_logp)   # d_kernel [S, D, V]
+    d_kernel = sharding.constrain(d_kernel.sum(0), ("embed", "vocab"))  # the one reduction
+    return d_h, None, d_kernel.astype(kernel.dtype)
+
+  head = jax.custom_vjp(lambda h, t, k: forward(h, t, k)[0])
+  head.defvjp(forward, backward)
   return head
 
 

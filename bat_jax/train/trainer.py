@@ -23,18 +23,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, Callable, Hashable, Mapping, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Optional, Protocol
 
 import jax
 from flax import nnx
 
 from bat_jax import sharding
-from bat_jax.checkpointing import Checkpointer, JsonLike
 from bat_jax.train import placement
 from bat_jax.train.logprob_pass import LogprobPassConfig, build_logprob_fn, pass_inputs
 from bat_jax.train.step import (Batch, LossFn, OptimizerConfig, StepConfig, TrainState,
                                 build_step_fn, cast_floating, init_train_state, make_optimizer,
                                 memory_report, train_state_shardings)
+
+if TYPE_CHECKING:  # orbax is imported by `fit` only: a step alone needs none (GPU check)
+  from bat_jax.checkpointing import Checkpointer, JsonLike
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +242,7 @@ class Trainer:
     `cfg.checkpoint_every` steps and at the end; a run killed at any point and restarted with the
     same arguments ends bit-identical to an uninterrupted one (same programs, same data order).
     """
+    from bat_jax.checkpointing import Checkpointer  # see the imports
     cfg = self.cfg
     with Checkpointer(checkpoint_dir, max_to_keep=cfg.keep_checkpoints) as ckpt:
       state, restored = self.restore_or_init(ckpt, make_params)

@@ -242,6 +242,15 @@ def qwen3_5_preset(name: str) -> dict:
                        linear_v_heads=16, tie=True)
 
 
+def model_flops_per_token(cfg, n_params: int, seq: int) -> int:
+  """Training FLOPs per token (forward + backward, no remat recompute) of a `ModelConfig` with
+  `n_params` params at sequence length `seq`: 6 per matmul param (an untied input embedding is
+  a gather, no FLOPs; a tied one is also the unembedding matmul) plus causal attention."""
+  n_matmul = n_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
+  n_attn = sum(t == "full_attention" for t in cfg.layer_types)
+  return 6 * n_matmul + 6 * n_attn * cfg.num_attention_heads * cfg.head_dim * seq  # T/2 causal
+
+
 def mfu(args) -> None:
   import jax
   import jax.numpy as jnp
@@ -255,12 +264,7 @@ def mfu(args) -> None:
   model = build_model(cfg, rngs=nnx.Rngs(0))
   graphdef, params, rest = train.split_model(model)
   n_params = sum(x.size for x in jax.tree.leaves(params))
-  # Matmul params per token: an untied input embedding is a gather (no FLOPs); a tied one is
-  # also the unembedding matmul.
-  n_matmul = n_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
-  n_attn = sum(t == "full_attention" for t in cfg.layer_types)
-  attn_flops = 6 * n_attn * cfg.num_attention_heads * cfg.head_dim * args.seq  # causal ~ T/2
-  flops_per_token = 6 * n_matmul + attn_flops
+  flops_per_token = model_flops_per_token(cfg, n_params, args.seq)
   optimizer = train.make_optimizer(train.OptimizerConfig(learning_rate=LR))
   step_fn = train.build_step_fn(
       graphdef, grpo.grpo_loss_fn(grpo.GrpoConfig(kl_coef=KL_COEF, logprob_chunk_size=args.chunk,

@@ -1,5 +1,7 @@
 """Chunked taken-token logprobs against the full `[B, T, V]` log-softmax."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -119,3 +121,76 @@ def test_no_full_logits_in_the_backward_pass():
   temp = grad.lower(hidden, kernel).compile().memory_analysis().temp_size_in_bytes
   full_logits = b * t * v * 4
   assert temp < full_logits / 4, (temp, full_logits)
+
+
+# Collective opcodes in compiled HLO (async forms included).
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+def collectives(hlo: str) -> list[tuple[str, int, bool]]:
+  """`(op, result elements, in a loop)` of every collective in a compiled HLO module; in a
+  loop: in the computations a `while` runs (body, condition and everything they call)."""
+  bodies: dict[str, list[str]] = {}
+  name = None
+  for line in hlo.splitlines():
+    head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{$", line)
+    if head:
+      name = head.group(1)
+      bodies[name] = []
+    elif name is not None and line.startswith("  "):
+      bodies[name].append(line)
+  callee = re.compile(r"(?:body|condition|calls|to_apply)=%?([\w.\-]+)")
+  todo = [c for lines in bodies.values() for line in lines if " while(" in line
+          for c in re.findall(r"(?:body|condition)=%?([\w.\-]+)", line)]
+  in_loop = set()
+  while todo:
+    c = todo.pop()
+    if c not in in_loop and c in bodies:
+      in_loop.add(c)
+      todo += [x for line in bodies[c] for x in callee.findall(line)]
+  found = []
+  op = re.compile(r"= \(?\w+\[([\d,]*)\][^=]*?\s(" + "|".join(_COLLECTIVES) + r")(?:-start)?\(")
+  for n, lines in bodies.items():
+    for line in lines:
+      for dims, kind in op.findall(line):
+        found.append((kind, int(np.prod([int(d) for d in dims.split(",") if d])), n in in_loop))
+  return found
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 8, 1), (2, 2, 2)])
+def test_logits_head_backward_reduces_the_unembedding_gradient_once(mesh_shape):
+  # 9B-like layout at toy width: FSDP-sharded [D, V] unembedding (vocab over "tensor" too in
+  # the second mesh), batch over data x fsdp, 8 chunks. No collective in the compiled chunk
+  # loops moves the unembedding or its gradient (under tensor parallelism only [B, C] softmax
+  # statistics and [B, C, D] partial sums do); the unembedding is gathered once and its
+  # gradient reduced once, outside them. (Before: 2 all-gathers and 1 all-reduce of [D, V]
+  # per chunk.)
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from bat_jax import sharding
+  mesh = sharding.make_mesh(*mesh_shape)
+  batch, length, dim, vocab = 8, 64, 16, 64
+  rng = np.random.default_rng(0)
+  hidden = jnp.asarray(rng.normal(size=(batch, length, dim)), jnp.bfloat16)
+  kernel = jnp.asarray(rng.normal(size=(dim, vocab)) * 0.3, jnp.float32)
+  targets = jnp.asarray(rng.integers(0, vocab, (batch, length)), jnp.int32)
+  weights = jnp.asarray(rng.normal(size=(batch, length)), jnp.float32)
+  rows = NamedSharding(mesh, P(("data", "fsdp")))
+  kernel_sharding = NamedSharding(mesh, P("fsdp", "tensor"))
+  loss = lambda h, w: (chunked_logprobs(h, w, targets, chunk_size=8)[0] * weights).sum()
+  grad = jax.jit(jax.grad(loss, (0, 1)), in_shardings=(rows, kernel_sharding),
+                 out_shardings=(rows, kernel_sharding))
+  with sharding.activation_sharding(mesh):
+    compiled = grad.lower(hidden, kernel).compile()
+  ops = collectives(compiled.as_text())
+  kernel_slice = dim * vocab // mesh_shape[2]          # one device's gathered [D, V / tensor]
+  in_loop = [(kind, n) for kind, n, loop in ops if loop]
+  assert all(kind == "all-reduce" and n <= batch * 8 * dim for kind, n in in_loop), in_loop
+  assert bool(in_loop) == (mesh_shape[2] > 1), in_loop
+  outside = [(kind, n) for kind, n, loop in ops if not loop and n >= kernel_slice // 8]
+  assert sum(kind == "all-gather" for kind, _ in outside) == 1, ops           # the kernel
+  assert sum(kind in ("all-reduce", "reduce-scatter") for kind, _ in outside) == 1, ops
+  got = compiled(jax.device_put(hidden, rows), jax.device_put(kernel, kernel_sharding))
+  want = jax.jit(jax.grad(loss, (0, 1)))(hidden, kernel)  # one device, no mesh
+  np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=2e-2, atol=2e-2)
+  np.testing.assert_allclose(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32),
+                             rtol=2e-2, atol=2e-2)
