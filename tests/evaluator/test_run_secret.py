@@ -10,7 +10,6 @@ import collections
 import hashlib
 import os
 import stat
-from pathlib import Path
 
 import pytest
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import FAST, NOBODY, run_unprivileged
+from sandbox_helpers import NOBODY, run_unprivileged
 
 import hostside_cases
 from bat_jax.sandbox import launcher as launcher_lib
