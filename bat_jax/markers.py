@@ -5,44 +5,50 @@ names, report text). It exports them *hashed only* with `export_markers`; the St
 export into a `MarkerMatcher` and scans every row it is about to publish. The training side
 therefore never holds plaintext held-out content, yet can still find it.
 
-Matching scheme (version 2). Everything is hashed as `sha256(salt + b"\\x00" + payload)`:
+Matching scheme (version 3). Everything is hashed as `sha256(salt + b"\\x00" + payload)`:
 
-1. Normalise (`normalize_text`): NFKD, drop format characters (Unicode Cf: zero-width space and
-   joiners, soft hyphen, bidi marks) and combining marks, NFKC, casefold, then map Cyrillic and
-   Greek look-alikes to the Latin letter they imitate ("саѕе" == "case").
+1. Normalise (`bat_jax.text_normal.normalize_text`): NFKD, drop format characters, combining
+   marks and default-ignorable code points (Hangul fillers), NFKC, the UTS #39 confusables
+   mapping (Cyrillic/Greek/Cherokee/... look-alikes to the ASCII letter they imitate), casefold.
 2. Tokens: the maximal alphanumeric runs of the normal form (`_`, `-`, `/`, `.`, whitespace and
    all punctuation separate). "Case_0042.pgm" -> ("case", "0042", "pgm"). The *squashed* form is
    the tokens glued together ("case0042pgm"): it is what survives removed or inserted separators,
    spaced letters and gluing into a longer word.
 3. A marker whose tokens joined by one space are shorter than `MIN_MARKER_CHARS` is ignored.
-4. Export tables (each entry for the marker's normal form, its reversal and its rot13):
+4. Export tables (each entry for the marker's forms: the normal form, its reversal, its rot13,
+   its leetspeak fold and, for markers of at most `window` tokens, all 25 Caesar shifts):
    - `hashes[n]`: a marker of n <= `window` tokens as one hash of its token sequence; a longer
      one as all its `window`-token windows.
    - `squash[L]` + `anchors`: a marker whose squashed form has `SQUASH_MIN..SQUASH_MAX` chars, as
      the hash of that form, plus the hash of its first `SQUASH_MIN` chars -> [L, ...] so a scan
-     hashes each position of a text once and checks full lengths only behind an anchor hit.
+     hashes each position of a text once and checks full lengths only behind an anchor hit
+     (Caesar shifts other than rot13 from `SHIFT_SQUASH_MIN` chars: short shifted strings occur
+     in ordinary text by chance).
    - `grams`: a marker of more than `window` - 2 tokens (report text, questions) as a group of its
      `GRAM_N`-token n-gram hashes; a text holding `GRAM_HITS` distinct n-grams of one group is a
      hit (an excerpt shorter than the window, or the text with every 5th word dropped).
+   - `shingles` and `pieces`: near-duplicates and markers in pieces (`bat_jax.marker_fuzzy`).
 5. Matching (`MarkerMatcher.find`): every string key and value of a row (ints and floats via
-   `repr`) is scanned as is and in its decoded forms (URL-encoding, HTML entities, base64 and hex
-   runs); the squashed/token junction of every two consecutive strings of the row is scanned too,
-   and n-gram groups are counted over the whole row: a marker split across fields is found.
+   `repr`) is scanned as is, in its decoded forms (`bat_jax.text_decoding`: URL, HTML, escapes,
+   quoted-printable, base64/32/85, ascii85, hex) and, where it has leet characters inside words,
+   leet-folded; the squashed/token junction of every two consecutive strings of the row is
+   scanned too, the row's tokens are walked for marker pieces across any number of strings
+   (with other text between), and n-gram groups and shingles are counted over the whole row.
 """
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import hashlib
 import json
 import re
-import unicodedata
 from typing import Any, Iterable, Mapping
 
+from bat_jax import marker_fuzzy
 from bat_jax.text_decoding import decoded_variants
+from bat_jax.text_normal import caesar, has_leet, leet_fold, normalize_text
 
-SCHEME = "bat_jax.markers/v2"
+SCHEME = "bat_jax.markers/v3"
 MIN_MARKER_CHARS = 4
 DEFAULT_WINDOW = 8
 SQUASH_MIN = 5   # squashed markers at least this long are found glued into any text
@@ -51,35 +57,12 @@ GRAM_N = 4
 JUNCTION_SPAN = 2  # a string value is joined with each of the next two (see `find`)
 JUNCTION_CHARS = 48  # squashed chars before a boundary that a split marker may start within
 GRAM_HITS = 2
+SHIFT_SQUASH_MIN = 8
 _TOKEN_RE = re.compile(r"[^\W_]+")
 _JOIN = "\x1f"
-_DROP_CATEGORIES = frozenset({"Cf", "Mn", "Me"})
-# Cyrillic / Greek / other letters that render like a Latin one (after casefold).
-_CONFUSABLES = str.maketrans({
-    "а": "a", "в": "b", "е": "e", "ё": "e", "є": "e", "і": "i", "ї": "i", "ј": "j", "к": "k",
-    "м": "m", "н": "h", "о": "o", "п": "n", "р": "p", "с": "c", "т": "t", "у": "y", "х": "x",
-    "ѕ": "s", "ԁ": "d", "ԛ": "q", "ԝ": "w", "һ": "h", "ӏ": "l", "ь": "b", "г": "r", "ᴄ": "c",
-    "α": "a", "β": "b", "γ": "y", "ε": "e", "η": "n", "ι": "i", "κ": "k", "μ": "u", "ν": "v",
-    "ο": "o", "ρ": "p", "ς": "s", "τ": "t", "υ": "u", "χ": "x", "ω": "w", "ı": "i", "օ": "o",
-    "ս": "u", "ք": "p", "ɡ": "g", "ɑ": "a", "ⅰ": "i", "ℓ": "l",
-    # Upper case first: casefold would turn Greek "Μ" (an M look-alike) into "μ" (a u one).
-    "Α": "a", "Β": "b", "Ε": "e", "Ζ": "z", "Η": "h", "Ι": "i", "Κ": "k", "Μ": "m", "Ν": "n",
-    "Ο": "o", "Ρ": "p", "Τ": "t", "Υ": "y", "Χ": "x", "А": "a", "В": "b", "Е": "e", "К": "k",
-    "М": "m", "Н": "h", "О": "o", "Р": "p", "С": "c", "Т": "t", "У": "y", "Х": "x", "Ѕ": "s",
-    "І": "i", "Ј": "j"})
 # All-hex squashed forms (numbers, hex ids) occur by chance inside every digest: they are matched
 # on token boundaries only, never glued into other text.
 _HEXISH_RE = re.compile(r"[0-9a-f]+")
-
-
-def normalize_text(text: str) -> str:
-  """The normal form every hash is built from (see the module docstring, step 1)."""
-  if text.isascii():
-    return text.casefold()
-  text = unicodedata.normalize("NFKD", text)
-  text = "".join(c for c in text if unicodedata.category(c) not in _DROP_CATEGORIES)
-  text = unicodedata.normalize("NFKC", text)
-  return text.translate(_CONFUSABLES).casefold().translate(_CONFUSABLES)
 
 
 def normalize_tokens(text: str) -> tuple[str, ...]:
@@ -106,9 +89,15 @@ def _hash_tokens(base, tokens: Iterable[str]) -> str:
   return h.hexdigest()
 
 
-def _forms(normal: str) -> tuple[str, ...]:
-  """A normalised marker as written, reversed and rot13'd (the encodings matched by hashing)."""
-  return (normal, normal[::-1], codecs.encode(normal, "rot13"))
+def _forms(normal: str, window: int) -> dict[str, int]:
+  """{form: shortest squashed length it is matched glued at}: a normalised marker as written,
+  reversed, rot13'd, leet-folded and (short markers) Caesar-shifted."""
+  forms = {normal: SQUASH_MIN, normal[::-1]: SQUASH_MIN, caesar(normal, 13): SQUASH_MIN,
+           leet_fold(normal): SQUASH_MIN}
+  if len(_TOKEN_RE.findall(normal)) <= window:
+    for shift in range(1, 26):
+      forms.setdefault(caesar(normal, shift), SHIFT_SQUASH_MIN)
+  return forms
 
 
 class _ExportTables:
@@ -116,30 +105,70 @@ class _ExportTables:
 
   def __init__(self, salt: bytes, window: int, public_grams: frozenset):
     self.base, self.window, self.public_grams = _hasher(salt), window, public_grams
+    self.public_pairs = marker_fuzzy.public_pairs(public_grams)
     self.hashes: dict[int, set[str]] = {}
     self.squash: dict[int, set[str]] = {}
     self.anchors: dict[str, set[int]] = {}
     self.groups: set[tuple[str, ...]] = set()
+    self.shingles: set[tuple[str, ...]] = set()
+    self.vocab: set[str] = set()
+    self.prefixes: set[str] = set()
+    self.gap_prefixes: set[str] = set()
+
+  def _hash(self, payload: str) -> str:
+    return _hash_tokens(self.base, [payload])
 
   def add(self, normal: str) -> None:
-    for form in _forms(normal):
+    for form, squash_min in _forms(normal, self.window).items():
       tokens = tuple(_TOKEN_RE.findall(form))
       n = min(len(tokens), self.window)
       grams = self.hashes.setdefault(n, set())
       for j in range(len(tokens) - n + 1):
         grams.add(_hash_tokens(self.base, tokens[j:j + n]))
       squashed = "".join(tokens)
-      if SQUASH_MIN <= len(squashed) <= SQUASH_MAX and not _HEXISH_RE.fullmatch(squashed):
-        self.squash.setdefault(len(squashed), set()).add(_hash_tokens(self.base, [squashed]))
-        anchor = _hash_tokens(self.base, [squashed[:SQUASH_MIN]])
+      if squash_min <= len(squashed) <= SQUASH_MAX and not _HEXISH_RE.fullmatch(squashed):
+        self.squash.setdefault(len(squashed), set()).add(self._hash(squashed))
+        anchor = self._hash(squashed[:SQUASH_MIN])
         self.anchors.setdefault(anchor, set()).add(len(squashed))
     tokens = tuple(_TOKEN_RE.findall(normal))
+    self._add_fuzzy(tokens)
     if len(tokens) > self.window - 2:
       group = {_hash_tokens(self.base, tokens[j:j + GRAM_N])
                for j in range(len(tokens) - GRAM_N + 1)
                if tokens[j:j + GRAM_N] not in self.public_grams}
       if len(group) >= GRAM_HITS:
         self.groups.add(tuple(sorted(group)))
+
+  def _add_fuzzy(self, tokens: tuple[str, ...]) -> None:
+    """Shingles of a long marker; prefixes of one matched squashed (`bat_jax.marker_fuzzy`)."""
+    pairs = marker_fuzzy.shingle_group(tokens, self.public_pairs)
+    if pairs:
+      self.shingles.add(tuple(sorted(self._hash(marker_fuzzy.pair_payload(*p))
+                                     for p in pairs)))
+      self.vocab.update(self._hash(t) for p in pairs for t in p)
+    squashed = "".join(tokens)
+    if SQUASH_MIN <= len(squashed) <= SQUASH_MAX and not _HEXISH_RE.fullmatch(squashed):
+      ends, at = set(), 0
+      for t in tokens:
+        at += len(t)
+        ends.add(at)
+      every, gap = marker_fuzzy.prefixes(squashed, ends)
+      self.prefixes.update(map(self._hash, every))
+      self.gap_prefixes.update(map(self._hash, gap))
+
+  def to_json(self) -> dict[str, Any]:
+    fuzzy = marker_fuzzy
+    return {
+        "hashes": {str(n): sorted(h) for n, h in sorted(self.hashes.items()) if h},
+        "squash": {str(n): sorted(h) for n, h in sorted(self.squash.items())},
+        "anchors": {a: sorted(ls) for a, ls in sorted(self.anchors.items())},
+        "grams": {"n": GRAM_N, "min_hits": GRAM_HITS, "groups": sorted(self.groups)},
+        "shingles": {"span": fuzzy.SHINGLE_SPAN, "containment": fuzzy.SHINGLE_CONTAINMENT,
+                     "min_hits": fuzzy.SHINGLE_MIN_HITS, "vocab": sorted(self.vocab),
+                     "groups": sorted(self.shingles)},
+        "pieces": {"gap_tokens": fuzzy.GAP_TOKENS, "prefixes": sorted(self.prefixes),
+                   "gap_prefixes": sorted(self.gap_prefixes)},
+    }
 
 
 def export_markers(strings: Iterable[str], salt: str | bytes, *, window: int = DEFAULT_WINDOW,
@@ -151,11 +180,13 @@ def export_markers(strings: Iterable[str], salt: str | bytes, *, window: int = D
     salt: a per-export salt, stored in the export as hex.
     window: markers longer than this many tokens are exported as all their `window`-token
       windows (see the module docstring).
-    public_grams: `GRAM_N`-token tuples that public text uses too: left out of the n-gram groups.
+    public_grams: `GRAM_N`-token tuples that public text uses too: left out of the n-gram groups
+      (and their skip-pairs out of the shingles).
 
   Returns:
     `{"scheme", "salt_hex", "min_chars", "window", "marker_count", "hashes", "squash",
-    "anchors", "grams"}`, hashes sorted and deduplicated so the export reveals no order.
+    "anchors", "grams", "shingles", "pieces"}`, hashes sorted and deduplicated so the export
+    reveals no order.
   """
   if window < GRAM_N:
     raise ValueError(f"marker window must be >= {GRAM_N}, got {window}")
@@ -176,10 +207,7 @@ def export_markers(strings: Iterable[str], salt: str | bytes, *, window: int = D
       "min_chars": MIN_MARKER_CHARS,
       "window": window,
       "marker_count": count,
-      "hashes": {str(n): sorted(h) for n, h in sorted(tables.hashes.items()) if h},
-      "squash": {str(n): sorted(h) for n, h in sorted(tables.squash.items())},
-      "anchors": {a: sorted(ls) for a, ls in sorted(tables.anchors.items())},
-      "grams": {"n": GRAM_N, "min_hits": GRAM_HITS, "groups": sorted(tables.groups)},
+      **tables.to_json(),
   }
 
 
@@ -221,6 +249,9 @@ class _TextScan:
   grams: frozenset[str]
   head: tuple[tuple[str, ...], str]  # first tokens, first squashed chars
   tail: tuple[tuple[str, ...], str]  # last tokens, last squashed chars
+  tokens: tuple[str, ...]  # of the string as is, for the piece walk
+  starts: tuple[int, ...]  # indexes of `tokens` that are a marker prefix
+  shingles: frozenset[str]
 
 
 _UNSEEN = object()
@@ -237,12 +268,15 @@ class MarkerMatcher:
   """
 
   def __init__(self, export: Mapping[str, Any]):
-    for key in ("scheme", "salt_hex", "hashes", "squash", "anchors", "grams"):
+    # The scheme first: an older export lacks this version's tables, and its error should say
+    # which versions differ, not which table is missing.
+    if export.get("scheme") != SCHEME:
+      raise ValueError(f"marker export scheme is {export.get('scheme')!r}, this matcher reads "
+                       f"{SCHEME!r}: re-export the held-out markers with this version (an "
+                       "older export lacks this version's tables; the leak check fails closed)")
+    for key in ("salt_hex", "hashes", "squash", "anchors", "grams", "shingles", "pieces"):
       if key not in export:
         raise ValueError(f"marker export is missing field {key!r}")
-    if export["scheme"] != SCHEME:
-      raise ValueError(f"marker export scheme {export['scheme']!r} is not {SCHEME!r}: "
-                       "re-export the markers with this version")
     try:
       salt = bytes.fromhex(export["salt_hex"])
     except (TypeError, ValueError) as e:
@@ -263,11 +297,30 @@ class MarkerMatcher:
     self._edge = max(self._lengths + (GRAM_N,)) - 1
     self.digest = export_digest(export)
     self.marker_count = int(export.get("marker_count", 0))
+    self._load_fuzzy(export["shingles"], export["pieces"])
     self._all_digests = frozenset().union(
-        *self._hashes.values(), *self._squash.values(), self._anchors, self._gram_groups)
+        *self._hashes.values(), *self._squash.values(), self._anchors, self._gram_groups,
+        self._vocab, self._shingle_groups, self._prefixes)
     self._known: dict[str, str | None] = {}
     self._memo: dict[str, _TextScan] = {}
     self._junction_memo: dict[tuple, tuple[tuple[str, int, str], ...]] = {}
+
+  def _load_fuzzy(self, shingles: Mapping[str, Any], pieces: Mapping[str, Any]) -> None:
+    for field, table, value in (("span", shingles, marker_fuzzy.SHINGLE_SPAN),
+                                ("gap_tokens", pieces, marker_fuzzy.GAP_TOKENS)):
+      if table.get(field) != value:
+        raise ValueError(f"marker export field {field!r} is {table.get(field)!r}, not {value}")
+    self._shingle_containment = float(shingles["containment"])
+    self._shingle_min_hits = int(shingles["min_hits"])
+    self._vocab = frozenset(shingles["vocab"])
+    self._shingle_groups: dict[str, list[int]] = {}
+    self._shingle_sizes = []
+    for gid, group in enumerate(shingles["groups"]):
+      self._shingle_sizes.append(len(group))
+      for h in group:
+        self._shingle_groups.setdefault(h, []).append(gid)
+    self._prefixes = frozenset(pieces["prefixes"])
+    self._gap_prefixes = frozenset(pieces["gap_prefixes"])
 
   @staticmethod
   def _length_table(export: Mapping[str, Any], field: str) -> dict[int, frozenset[str]]:
@@ -332,22 +385,38 @@ class MarkerMatcher:
       return cached
     hits: list = []
     grams: set = set()
+    shingles: set = set()
     tokens = ()
-    for k, variant in enumerate((text, *decoded_variants(text))):
-      var_tokens = tuple(_TOKEN_RE.findall(normalize_text(variant)))
+    for k, normal in enumerate(self._normal_forms(text)):
+      var_tokens = tuple(_TOKEN_RE.findall(normal))
       tokens = var_tokens if k == 0 else tokens
       squashed = "".join(var_tokens)
       self._token_hits(var_tokens, hits)
       self._squash_hits(squashed, range(len(squashed) - SQUASH_MIN + 1), hits)
       grams |= self._grams(var_tokens)
+      if self._vocab:
+        shingles |= marker_fuzzy.row_shingles(var_tokens, self._digest_if_known, self._vocab,
+                                              self._shingle_groups)
     squashed = "".join(tokens)
     edge = self._edge
+    starts = tuple(i for i, t in enumerate(tokens) if self._digest_if_known(t) in self._prefixes)
     result = _TextScan(tuple(hits), frozenset(grams),
                        head=(tokens[:edge], squashed[:SQUASH_MAX - 1]),
-                       tail=(tokens[-edge:] if edge else (), squashed[-JUNCTION_CHARS:]))
+                       tail=(tokens[-edge:] if edge else (), squashed[-JUNCTION_CHARS:]),
+                       tokens=tokens, starts=starts, shingles=frozenset(shingles))
     if len(self._memo) < _MEMO_LIMIT:
       self._memo[text] = result
     return result
+
+  @staticmethod
+  def _normal_forms(text: str) -> Iterable[str]:
+    """The normal forms one string is scanned in: as is first, then decoded; each also
+    leet-folded where it has leet characters inside words."""
+    for variant in (text, *decoded_variants(text)):
+      normal = normalize_text(variant)
+      yield normal
+      if has_leet(normal):
+        yield leet_fold(normal)
 
   def _junction(self, tail, head) -> tuple[tuple[str, int, str], ...]:
     """Hits that straddle the boundary of two strings (the tail of one, the head of the next):
@@ -387,6 +456,9 @@ class MarkerMatcher:
     hits: list[MarkerHit] = []
     gram_paths: dict[str, set[str]] = {}
     recent: list[tuple[str, _TextScan]] = []
+    pieces = marker_fuzzy.PieceScan(self._digest_if_known, self._prefixes, self._gap_prefixes,
+                                    self._is_squashed_marker)
+    shingles: set[str] = set()
     for path, in_key, text in leaves:
       scan = self._scan(text)
       hits.extend(MarkerHit(path, in_key, n, d, kind) for kind, n, d in scan.hits)
@@ -402,8 +474,26 @@ class MarkerMatcher:
           else:
             hits.append(MarkerHit(where, False, n, d, kind))
       recent = (recent + [(path, scan)])[-JUNCTION_SPAN:]
+      pieces.feed(scan.tokens, scan.starts)
+      shingles |= scan.shingles
     hits.extend(self._group_hits(gram_paths))
+    hits.extend(MarkerHit("$", False, n, d, "pieces") for n, d in pieces.hits)
+    hits.extend(self._shingle_hits(shingles))
     return hits
+
+  def _is_squashed_marker(self, joined: str, digest: str) -> bool:
+    return digest in self._squash.get(len(joined), ())
+
+  def _shingle_hits(self, found: set[str]) -> list[MarkerHit]:
+    """One hit per long marker of which the row holds enough skip-pair shingles."""
+    counts: dict[int, int] = {}
+    for h in found:
+      for gid in self._shingle_groups[h]:
+        counts[gid] = counts.get(gid, 0) + 1
+    return [MarkerHit("$", False, marker_fuzzy.SHINGLE_SPAN, f"shingles:{gid}", "shingles")
+            for gid, c in sorted(counts.items())
+            if c >= max(self._shingle_min_hits,
+                        self._shingle_containment * self._shingle_sizes[gid])]
 
   def _group_hits(self, gram_paths: Mapping[str, set[str]]) -> list[MarkerHit]:
     """One hit per long marker of which the row holds >= `min_hits` distinct n-grams."""

@@ -1,0 +1,123 @@
+"""The marker forms that exact hashing misses: near-duplicates and pieces with text between.
+
+Both work on salted hashes only, like the rest of `bat_jax.markers` (`digest` below is the
+matcher's memoised `sha256(salt + payload)` that returns None unless an export table holds it).
+
+- Near-duplicates (`shingles`): a long held-out text (>= `SHINGLE_MIN_TOKENS` tokens) is
+  exported as its set of word skip-pairs: every unordered pair of tokens at most
+  `SHINGLE_SPAN` apart, minus the pairs public text makes too. A row whose strings hold
+  `SHINGLE_CONTAINMENT` of one marker's pairs (and at least `SHINGLE_MIN_HITS`) is a hit: the
+  text with words dropped, swapped, or reordered nearby. Unordered pairs survive a swap; pairs
+  up to 3 apart survive dropped words. The export also holds the hashed vocabulary of these
+  texts so a scan pairs only tokens that can be in some pair.
+- Pieces (`pieces`): a marker of `SQUASH_MIN..SQUASH_MAX` squashed characters is exported as
+  the hashes of its squashed prefixes. `PieceScan` walks the row's tokens across all its string
+  values: a token that is a prefix starts a partial marker, the next tokens extend it while the
+  result is still a prefix, and a partial that ends inside a marker word (a mid-word split, the
+  `gap_prefixes`) waits up to `GAP_TOKENS` tokens for its continuation, so a marker cut into
+  any number of messages or fields, or with other text between its pieces, is found.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+SHINGLE_MIN_TOKENS = 10
+SHINGLE_SPAN = 3
+SHINGLE_CONTAINMENT = 0.5
+SHINGLE_MIN_HITS = 6
+PAIR_JOIN = "\x1e"
+GAP_TOKENS = 24
+MIN_GAP_PREFIX = 3
+MAX_PARTIALS = 32
+
+Digest = Callable[[str], "str | None"]
+
+
+def pair_payload(a: str, b: str) -> str:
+  return PAIR_JOIN.join((a, b) if a <= b else (b, a))
+
+
+def skip_pairs(tokens: Sequence[str]) -> set[tuple[str, str]]:
+  """Unordered pairs of distinct tokens at most `SHINGLE_SPAN` apart."""
+  out = set()
+  for i, a in enumerate(tokens):
+    for b in tokens[i + 1:i + 1 + SHINGLE_SPAN]:
+      if a != b:
+        out.add((a, b) if a <= b else (b, a))
+  return out
+
+
+def public_pairs(grams: Iterable[tuple[str, ...]]) -> frozenset[tuple[str, str]]:
+  """The skip-pairs public text makes (from its `SHINGLE_SPAN` + 1-token n-grams)."""
+  found: set[tuple[str, str]] = set()
+  for g in grams:
+    found |= skip_pairs(g)
+  return frozenset(found)
+
+
+def shingle_group(tokens: Sequence[str], public: frozenset) -> set[tuple[str, str]]:
+  """The skip-pairs a long marker is exported as (empty when too short or too public)."""
+  if len(tokens) < SHINGLE_MIN_TOKENS:
+    return set()
+  pairs = skip_pairs(tokens) - public
+  return pairs if len(pairs) >= SHINGLE_MIN_HITS else set()
+
+
+def prefixes(squashed: str, token_ends: set[int]) -> tuple[list[str], list[str]]:
+  """(every squashed prefix of >= 2 chars, those that end inside a marker word)."""
+  every = [squashed[:k] for k in range(2, len(squashed))]
+  gap = [squashed[:k] for k in range(MIN_GAP_PREFIX, len(squashed)) if k not in token_ends]
+  return every, gap
+
+
+def row_shingles(tokens: Sequence[str], digest: Digest, vocab: frozenset,
+                 groups: dict) -> set[str]:
+  """The exported shingle hashes among `tokens`' skip-pairs."""
+  in_vocab = [digest(t) in vocab for t in tokens]
+  found = set()
+  for i, a in enumerate(tokens):
+    if not in_vocab[i]:
+      continue
+    for j in range(i + 1, min(i + 1 + SHINGLE_SPAN, len(tokens))):
+      if in_vocab[j] and tokens[j] != a:
+        d = digest(pair_payload(a, tokens[j]))
+        if d is not None and d in groups:
+          found.add(d)
+  return found
+
+
+class PieceScan:
+  """The partial-marker walk over one row's tokens (see the module docstring)."""
+
+  def __init__(self, digest: Digest, every: frozenset, gap: frozenset,
+               complete: Callable[[str, str], bool]):
+    self._digest, self._every, self._gap, self._complete = digest, every, gap, complete
+    self.partials: list[list] = []  # [squashed so far, tokens waited, is a gap prefix]
+    self.hits: list[tuple[int, str]] = []  # (squashed length, digest)
+
+  def feed(self, tokens: Sequence[str], starts: Iterable[int]) -> None:
+    """Walks `tokens` (one string's); `starts`: the indexes of tokens that are prefixes."""
+    starts = set(starts)
+    if not self.partials and not starts:
+      return
+    for i, tok in enumerate(tokens):
+      if not self.partials and not any(s >= i for s in starts):
+        return
+      self._step(tok, i in starts)
+
+  def _step(self, tok: str, is_start: bool) -> None:
+    grown: list[list] = []
+    for partial in self.partials:
+      joined = partial[0] + tok
+      d = self._digest(joined)
+      if d is not None and self._complete(joined, d):
+        self.hits.append((len(joined), d))
+      if d is not None and d in self._every:
+        grown.append([joined, 0, d in self._gap])
+      partial[1] += 1
+    if is_start:
+      d = self._digest(tok)
+      grown.append([tok, 0, d in self._gap])
+    kept = [p for p in self.partials if p[2] and p[1] <= GAP_TOKENS]
+    self.partials = (kept + grown)[-MAX_PARTIALS:]
