@@ -12,10 +12,10 @@ matcher's memoised `sha256(salt + payload)` that returns None unless an export t
   texts so a scan pairs only tokens that can be in some pair.
 - Pieces (`pieces`): a marker of `SQUASH_MIN..SQUASH_MAX` squashed characters is exported as
   the hashes of its squashed prefixes. `PieceScan` walks the row's tokens across all its string
-  values: a token that is a prefix starts a partial marker, the next tokens extend it while the
-  result is still a prefix, and a partial that ends inside a marker word (a mid-word split, the
-  `gap_prefixes`) waits up to `GAP_TOKENS` tokens for its continuation, so a marker cut into
-  any number of messages or fields, or with other text between its pieces, is found.
+  values: a token that is a prefix starts a partial marker, a later token extends it when the
+  result is still a prefix (or completes the marker), and a partial of `MIN_GAP_PREFIX` or more
+  characters waits up to `GAP_TOKENS` tokens for its continuation, so a marker cut into any
+  number of messages or fields, or with other text between its pieces, is found.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from typing import Callable, Iterable, Sequence
 
 SHINGLE_MIN_TOKENS = 10
 SHINGLE_SPAN = 3
-SHINGLE_CONTAINMENT = 0.5
+SHINGLE_CONTAINMENT = 0.3
 SHINGLE_MIN_HITS = 6
 PAIR_JOIN = "\x1e"
 GAP_TOKENS = 24
-MIN_GAP_PREFIX = 3
+MIN_GAP_PREFIX = 2
 MAX_PARTIALS = 32
 
 Digest = Callable[[str], "str | None"]
@@ -64,11 +64,9 @@ def shingle_group(tokens: Sequence[str], public: frozenset) -> set[tuple[str, st
   return pairs if len(pairs) >= SHINGLE_MIN_HITS else set()
 
 
-def prefixes(squashed: str, token_ends: set[int]) -> tuple[list[str], list[str]]:
-  """(every squashed prefix of >= 2 chars, those that end inside a marker word)."""
-  every = [squashed[:k] for k in range(2, len(squashed))]
-  gap = [squashed[:k] for k in range(MIN_GAP_PREFIX, len(squashed)) if k not in token_ends]
-  return every, gap
+def prefixes(squashed: str) -> list[str]:
+  """Every squashed prefix of a marker, of >= 2 chars."""
+  return [squashed[:k] for k in range(2, len(squashed))]
 
 
 def row_shingles(tokens: Sequence[str], digest: Digest, vocab: frozenset,
@@ -90,10 +88,9 @@ def row_shingles(tokens: Sequence[str], digest: Digest, vocab: frozenset,
 class PieceScan:
   """The partial-marker walk over one row's tokens (see the module docstring)."""
 
-  def __init__(self, digest: Digest, every: frozenset, gap: frozenset,
-               complete: Callable[[str, str], bool]):
-    self._digest, self._every, self._gap, self._complete = digest, every, gap, complete
-    self.partials: list[list] = []  # [squashed so far, tokens waited, is a gap prefix]
+  def __init__(self, digest: Digest, every: frozenset, complete: Callable[[str, str], bool]):
+    self._digest, self._every, self._complete = digest, every, complete
+    self.partials: list[list] = []  # [squashed so far, tokens waited since]
     self.hits: list[tuple[int, str]] = []  # (squashed length, digest)
 
   def feed(self, tokens: Sequence[str], starts: Iterable[int]) -> None:
@@ -114,10 +111,9 @@ class PieceScan:
       if d is not None and self._complete(joined, d):
         self.hits.append((len(joined), d))
       if d is not None and d in self._every:
-        grown.append([joined, 0, d in self._gap])
+        grown.append([joined, 0])
       partial[1] += 1
     if is_start:
-      d = self._digest(tok)
-      grown.append([tok, 0, d in self._gap])
-    kept = [p for p in self.partials if p[2] and p[1] <= GAP_TOKENS]
+      grown.append([tok, 0])
+    kept = [p for p in self.partials if p[1] <= GAP_TOKENS and len(p[0]) >= MIN_GAP_PREFIX]
     self.partials = (kept + grown)[-MAX_PARTIALS:]

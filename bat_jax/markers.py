@@ -113,7 +113,6 @@ class _ExportTables:
     self.shingles: set[tuple[str, ...]] = set()
     self.vocab: set[str] = set()
     self.prefixes: set[str] = set()
-    self.gap_prefixes: set[str] = set()
 
   def _hash(self, payload: str) -> str:
     return _hash_tokens(self.base, [payload])
@@ -148,13 +147,7 @@ class _ExportTables:
       self.vocab.update(self._hash(t) for p in pairs for t in p)
     squashed = "".join(tokens)
     if SQUASH_MIN <= len(squashed) <= SQUASH_MAX and not _HEXISH_RE.fullmatch(squashed):
-      ends, at = set(), 0
-      for t in tokens:
-        at += len(t)
-        ends.add(at)
-      every, gap = marker_fuzzy.prefixes(squashed, ends)
-      self.prefixes.update(map(self._hash, every))
-      self.gap_prefixes.update(map(self._hash, gap))
+      self.prefixes.update(map(self._hash, marker_fuzzy.prefixes(squashed)))
 
   def to_json(self) -> dict[str, Any]:
     fuzzy = marker_fuzzy
@@ -166,8 +159,7 @@ class _ExportTables:
         "shingles": {"span": fuzzy.SHINGLE_SPAN, "containment": fuzzy.SHINGLE_CONTAINMENT,
                      "min_hits": fuzzy.SHINGLE_MIN_HITS, "vocab": sorted(self.vocab),
                      "groups": sorted(self.shingles)},
-        "pieces": {"gap_tokens": fuzzy.GAP_TOKENS, "prefixes": sorted(self.prefixes),
-                   "gap_prefixes": sorted(self.gap_prefixes)},
+        "pieces": {"gap_tokens": fuzzy.GAP_TOKENS, "prefixes": sorted(self.prefixes)},
     }
 
 
@@ -320,7 +312,6 @@ class MarkerMatcher:
       for h in group:
         self._shingle_groups.setdefault(h, []).append(gid)
     self._prefixes = frozenset(pieces["prefixes"])
-    self._gap_prefixes = frozenset(pieces["gap_prefixes"])
 
   @staticmethod
   def _length_table(export: Mapping[str, Any], field: str) -> dict[int, frozenset[str]]:
@@ -456,7 +447,7 @@ class MarkerMatcher:
     hits: list[MarkerHit] = []
     gram_paths: dict[str, set[str]] = {}
     recent: list[tuple[str, _TextScan]] = []
-    pieces = marker_fuzzy.PieceScan(self._digest_if_known, self._prefixes, self._gap_prefixes,
+    pieces = marker_fuzzy.PieceScan(self._digest_if_known, self._prefixes,
                                     self._is_squashed_marker)
     shingles: set[str] = set()
     for path, in_key, text in leaves:

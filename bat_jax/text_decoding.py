@@ -20,8 +20,11 @@ _B64_RE = re.compile(r"[A-Za-z0-9+/_\-]{8,}={0,2}")
 _B32_RE = re.compile(r"[A-Z2-7]{8,}=*|[a-z2-7]*[2-7][a-z2-7]*={0,6}")
 _HEX_RE = re.compile(r"(?:[0-9A-Fa-f]{2}){6,}")
 _B85_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
-_B85_RE = re.compile("[" + re.escape(_B85_CHARS) + "]{10,}")
-_A85_RE = re.compile(r"<~([!-uz\s]+)~>|[!-uz]{10,}")
+# Runs of 5+ (4 bytes); a run of letters only is a word, not worth decoding (an encoded marker
+# of 5 chars is letters only with chance (52/85)^5 < 9%, of 10 chars < 1%).
+_B85_RE = re.compile("[" + re.escape(_B85_CHARS) + "]{5,}")
+_A85_RE = re.compile(r"<~([!-uz\s]+)~>|[!-uz]{5,}")
+_LETTERS_RE = re.compile(r"[A-Za-z]+")
 _ESCAPE_RE = re.compile(r"\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8}|(?:\\x[0-9A-Fa-f]{2})+")
 _QP_RE = re.compile(r"(?:=[0-9A-Fa-f]{2})+")
 _B85_VALUE = {c: i for i, c in enumerate(_B85_CHARS)}
@@ -94,10 +97,12 @@ def _runs(text: str) -> Iterator[str]:
       except (binascii.Error, ValueError):
         pass
   for m in _B85_RE.finditer(text):
-    yield _text_of(_base85(m.group(0), _B85_VALUE, z_zero=False))
+    if not _LETTERS_RE.fullmatch(m.group(0)):
+      yield _text_of(_base85(m.group(0), _B85_VALUE, z_zero=False))
   for m in _A85_RE.finditer(text):
     run = re.sub(r"\s", "", m.group(1)) if m.group(1) is not None else m.group(0)
-    yield _text_of(_base85(run, None, z_zero=True))
+    if not _LETTERS_RE.fullmatch(run):
+      yield _text_of(_base85(run, None, z_zero=True))
   for m in _HEX_RE.finditer(text):
     yield _text_of(bytes.fromhex(m.group(0)))
 

@@ -33,10 +33,11 @@ _DROP_CATEGORIES = frozenset({"Cf", "Mn", "Me"})
 _BIDI_MARKS = "\u200e\u200f\u061c"  # the data file wraps right-to-left prototypes in these
 _LEET = str.maketrans({"0": "o", "1": "l", "i": "l", "!": "l", "|": "l", "3": "e", "4": "a",
                        "@": "a", "5": "s", "$": "s", "7": "t", "+": "t", "8": "b", "6": "g",
-                       "9": "q", "2": "z"})
-# A leet character inside or ending a word ("c4se", "c@se", "1mage", "cas3_"): only text that
-# has one is scanned folded too.
-_LEET_IN_WORD_RE = re.compile(r"[0-9@$!|+][^\W\d_]|[^\W\d_][0-9@$!|+](?![0-9])")
+                       "9": "g", "2": "z"})
+# A leet character next to a letter ("c4se", "c453", "c@se", "1mage"): only text that has one
+# is scanned folded too.
+_LEET_IN_WORD_RE = re.compile(r"[0-9@$!|+][^\W\d_]|[^\W\d_][0-9@$!|+]")
+_I_NAME_RE = re.compile(r"\b(?:I|IOTA)\b")
 _LOWER = string.ascii_lowercase
 _CAESAR = tuple(str.maketrans(_LOWER, _LOWER[k:] + _LOWER[:k]) for k in range(26))
 
@@ -58,6 +59,10 @@ def _prototype(char: str, entries: list[dict]) -> str | None:
   for entry in entries:
     proto = entry["c"].strip(_BIDI_MARKS)
     if proto.isascii() and proto.isalnum():
+      # UTS #39 makes "l" the prototype of I too; markers are casefolded, so an I look-alike
+      # ("GREEK CAPITAL LETTER IOTA", "LISU LETTER I") must become the i it spells.
+      if proto == "l" and _I_NAME_RE.search(unicodedata.name(char, "")):
+        return "i"
       return proto
   return None
 
