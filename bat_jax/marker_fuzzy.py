@@ -95,13 +95,18 @@ class PieceScan:
 
   def feed(self, tokens: Sequence[str], starts: Iterable[int]) -> None:
     """Walks `tokens` (one string's); `starts`: the indexes of tokens that are prefixes."""
-    starts = set(starts)
-    if not self.partials and not starts:
-      return
-    for i, tok in enumerate(tokens):
-      if not self.partials and not any(s >= i for s in starts):
-        return
-      self._step(tok, i in starts)
+    starts = sorted(starts, reverse=True)  # a stack: the next start last
+    i = 0
+    while i < len(tokens):
+      if not self.partials:  # nothing waits: jump to the next token that starts a marker
+        if not starts:
+          return
+        i = starts[-1]
+      while starts and starts[-1] < i:
+        starts.pop()
+      is_start = bool(starts) and starts[-1] == i
+      self._step(tokens[i], is_start)
+      i += 1
 
   def _step(self, tok: str, is_start: bool) -> None:
     grown: list[list] = []

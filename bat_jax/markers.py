@@ -46,7 +46,8 @@ from typing import Any, Iterable, Mapping
 
 from bat_jax import marker_fuzzy
 from bat_jax.text_decoding import decoded_variants
-from bat_jax.text_normal import caesar, has_leet, leet_fold, normalize_text
+from bat_jax.text_normal import LEET_MARK, caesar, has_leet, leet_fold, leet_marks
+from bat_jax.text_normal import normalize_text
 
 SCHEME = "bat_jax.markers/v3"
 MIN_MARKER_CHARS = 4
@@ -384,6 +385,8 @@ class MarkerMatcher:
       squashed = "".join(var_tokens)
       self._token_hits(var_tokens, hits)
       self._squash_hits(squashed, range(len(squashed) - SQUASH_MIN + 1), hits)
+      if has_leet(normal):
+        self._leet_hits(normal, hits)
       grams |= self._grams(var_tokens)
       if self._vocab:
         shingles |= marker_fuzzy.row_shingles(var_tokens, self._digest_if_known, self._vocab,
@@ -401,13 +404,27 @@ class MarkerMatcher:
 
   @staticmethod
   def _normal_forms(text: str) -> Iterable[str]:
-    """The normal forms one string is scanned in: as is first, then decoded; each also
-    leet-folded where it has leet characters inside words."""
+    """The normal forms one string is scanned in: as is first, then decoded."""
     for variant in (text, *decoded_variants(text)):
-      normal = normalize_text(variant)
-      yield normal
-      if has_leet(normal):
-        yield leet_fold(normal)
+      yield normalize_text(variant)
+
+  def _leet_hits(self, normal: str, out: list) -> None:
+    """Squashed markers in the leet fold of `normal`, looked for only where a window holds a
+    leet character (elsewhere the fold adds nothing the plain scan has not matched)."""
+    folded = "".join(_TOKEN_RE.findall(leet_fold(normal)))
+    marks = "".join(_TOKEN_RE.findall(leet_marks(normal)))
+    spans: list[list[int]] = []
+    at = marks.find(LEET_MARK)
+    while at >= 0:
+      lo = max(0, at - SQUASH_MAX + 1)
+      if spans and lo <= spans[-1][1]:
+        spans[-1][1] = at + 1
+      else:
+        spans.append([lo, at + 1])
+      at = marks.find(LEET_MARK, at + 1)
+    last = len(folded) - SQUASH_MIN + 1
+    for lo, hi in spans:
+      self._squash_hits(folded, range(lo, min(hi, last)), out)
 
   def _junction(self, tail, head) -> tuple[tuple[str, int, str], ...]:
     """Hits that straddle the boundary of two strings (the tail of one, the head of the next):

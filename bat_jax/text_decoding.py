@@ -20,11 +20,12 @@ _B64_RE = re.compile(r"[A-Za-z0-9+/_\-]{8,}={0,2}")
 _B32_RE = re.compile(r"[A-Z2-7]{8,}=*|[a-z2-7]*[2-7][a-z2-7]*={0,6}")
 _HEX_RE = re.compile(r"(?:[0-9A-Fa-f]{2}){6,}")
 _B85_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
-# Runs of 5+ (4 bytes); a run of letters only is a word, not worth decoding (an encoded marker
-# of 5 chars is letters only with chance (52/85)^5 < 9%, of 10 chars < 1%).
+# Runs of 5+ chars (4 bytes). A run shaped like a word, an identifier, a path or a number
+# (`_WORDISH_RE`) is not decoded: base85 output mixes cases, digits and symbols, so an encoded
+# marker has such a shape with chance under (37/85)^5 = 1.5% at 5 chars, far less when longer.
 _B85_RE = re.compile("[" + re.escape(_B85_CHARS) + "]{5,}")
 _A85_RE = re.compile(r"<~([!-uz\s]+)~>|[!-uz]{5,}")
-_LETTERS_RE = re.compile(r"[A-Za-z]+")
+_WORDISH_RE = re.compile(r"[a-z0-9_\-./:]+|[A-Za-z]+[0-9]*|[A-Z0-9_]+|[0-9.,:;eE+\-]+")
 _ESCAPE_RE = re.compile(r"\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8}|(?:\\x[0-9A-Fa-f]{2})+")
 _QP_RE = re.compile(r"(?:=[0-9A-Fa-f]{2})+")
 _B85_VALUE = {c: i for i, c in enumerate(_B85_CHARS)}
@@ -97,11 +98,11 @@ def _runs(text: str) -> Iterator[str]:
       except (binascii.Error, ValueError):
         pass
   for m in _B85_RE.finditer(text):
-    if not _LETTERS_RE.fullmatch(m.group(0)):
+    if not _WORDISH_RE.fullmatch(m.group(0)):
       yield _text_of(_base85(m.group(0), _B85_VALUE, z_zero=False))
   for m in _A85_RE.finditer(text):
     run = re.sub(r"\s", "", m.group(1)) if m.group(1) is not None else m.group(0)
-    if not _LETTERS_RE.fullmatch(run):
+    if m.group(1) is not None or not _WORDISH_RE.fullmatch(run):
       yield _text_of(_base85(run, None, z_zero=True))
   for m in _HEX_RE.finditer(text):
     yield _text_of(bytes.fromhex(m.group(0)))

@@ -34,6 +34,10 @@ _BIDI_MARKS = "\u200e\u200f\u061c"  # the data file wraps right-to-left prototyp
 _LEET = str.maketrans({"0": "o", "1": "l", "i": "l", "!": "l", "|": "l", "3": "e", "4": "a",
                        "@": "a", "5": "s", "$": "s", "7": "t", "+": "t", "8": "b", "6": "g",
                        "9": "g", "2": "z"})
+# `leet_marks`: each leet character as one letter that nothing else normalises to (so the
+# squashed forms of `leet_fold` and `leet_marks` align position by position).
+_LEET_MARK = "\u0298"
+_LEET_MARKS = str.maketrans({c: _LEET_MARK for c in "0123456789@$!|+"})
 # A leet character next to a letter ("c4se", "c453", "c@se", "1mage"): only text that has one
 # is scanned folded too.
 _LEET_IN_WORD_RE = re.compile(r"[0-9@$!|+][^\W\d_]|[^\W\d_][0-9@$!|+]")
@@ -96,6 +100,14 @@ def normalize_text(text: str) -> str:
 def leet_fold(normal: str) -> str:
   """`normal` with leet digits and symbols read as letters (and `i` as `l`, as `1` is both)."""
   return normal.translate(_LEET)
+
+
+def leet_marks(normal: str) -> str:
+  """`normal` with every leet character replaced by `LEET_MARK` (where a leet match must lie)."""
+  return normal.translate(_LEET_MARKS)
+
+
+LEET_MARK = _LEET_MARK
 
 
 def has_leet(normal: str) -> bool:
