@@ -27,7 +27,7 @@ SHINGLE_SPAN = 3
 SHINGLE_CONTAINMENT = 0.3
 SHINGLE_MIN_HITS = 6
 PAIR_JOIN = "\x1e"
-GAP_TOKENS = 24
+GAP_TOKENS = 16
 MIN_GAP_PREFIX = 2
 MAX_PARTIALS = 32
 
@@ -69,10 +69,10 @@ def prefixes(squashed: str) -> list[str]:
   return [squashed[:k] for k in range(2, len(squashed))]
 
 
-def row_shingles(tokens: Sequence[str], digest: Digest, vocab: frozenset,
-                 groups: dict) -> set[str]:
-  """The exported shingle hashes among `tokens`' skip-pairs."""
-  in_vocab = [digest(t) in vocab for t in tokens]
+def row_shingles(tokens: Sequence[str], token_digests: Sequence[str | None], digest: Digest,
+                 vocab: frozenset, groups: dict) -> set[str]:
+  """The exported shingle hashes among `tokens`' skip-pairs (`token_digests`: each token's)."""
+  in_vocab = [d is not None and d in vocab for d in token_digests]
   found = set()
   for i, a in enumerate(tokens):
     if not in_vocab[i]:
@@ -111,13 +111,17 @@ class PieceScan:
   def _step(self, tok: str, is_start: bool) -> None:
     grown: list[list] = []
     for partial in self.partials:
+      partial[1] += 1
       joined = partial[0] + tok
+      if len(tok) > 1:  # its first character must continue a prefix (a memo hit, mostly)
+        head = self._digest(partial[0] + tok[0])
+        if head is None or head not in self._every:
+          continue
       d = self._digest(joined)
       if d is not None and self._complete(joined, d):
         self.hits.append((len(joined), d))
       if d is not None and d in self._every:
         grown.append([joined, 0])
-      partial[1] += 1
     if is_start:
       grown.append([tok, 0])
     kept = [p for p in self.partials if p[1] <= GAP_TOKENS and len(p[0]) >= MIN_GAP_PREFIX]

@@ -340,36 +340,38 @@ class MarkerMatcher:
       self._known[payload] = d
     return d
 
+  def _digests(self, payloads: Iterable[str]) -> list[str | None]:
+    """`_digest_if_known` of each payload, reading the memo inline (a scan's hot loop)."""
+    get, compute = self._known.get, self._digest_if_known
+    out = []
+    for p in payloads:
+      d = get(p, _UNSEEN)
+      out.append(compute(p) if d is _UNSEEN else d)
+    return out
+
   def _token_hits(self, tokens: tuple[str, ...], out: list) -> None:
-    known = self._digest_if_known
     for n in self._lengths:
       table = self._hashes[n]
-      for j in range(len(tokens) - n + 1):
-        d = known(_JOIN.join(tokens[j:j + n]))
+      for d in self._digests(_JOIN.join(tokens[j:j + n]) for j in range(len(tokens) - n + 1)):
         if d is not None and d in table:
           out.append(("tokens", n, d))
 
   def _squash_hits(self, squashed: str, starts: range, out: list) -> None:
     if not self._anchors:
       return
-    known = self._digest_if_known
-    for i in starts:
-      anchor = known(squashed[i:i + SQUASH_MIN])
+    anchors = self._digests(squashed[i:i + SQUASH_MIN] for i in starts)
+    for i, anchor in zip(starts, anchors):
       for n in (self._anchors.get(anchor) if anchor is not None else None) or ():
         if i + n <= len(squashed):
-          d = known(squashed[i:i + n])
+          d = self._digest_if_known(squashed[i:i + n])
           if d is not None and d in self._squash.get(n, ()):
             out.append(("squashed", n, d))
 
   def _grams(self, tokens: tuple[str, ...]) -> set[str]:
     if not self._gram_groups:
       return set()
-    found = set()
-    for j in range(len(tokens) - GRAM_N + 1):
-      d = self._digest_if_known(_JOIN.join(tokens[j:j + GRAM_N]))
-      if d is not None and d in self._gram_groups:
-        found.add(d)
-    return found
+    windows = (_JOIN.join(tokens[j:j + GRAM_N]) for j in range(len(tokens) - GRAM_N + 1))
+    return {d for d in self._digests(windows) if d is not None and d in self._gram_groups}
 
   def _scan(self, text: str) -> _TextScan:
     cached = self._memo.get(text)
@@ -378,7 +380,7 @@ class MarkerMatcher:
     hits: list = []
     grams: set = set()
     shingles: set = set()
-    tokens = ()
+    tokens, starts = (), ()
     for k, normal in enumerate(self._normal_forms(text)):
       var_tokens = tuple(_TOKEN_RE.findall(normal))
       tokens = var_tokens if k == 0 else tokens
@@ -388,12 +390,14 @@ class MarkerMatcher:
       if has_leet(normal):
         self._leet_hits(normal, hits)
       grams |= self._grams(var_tokens)
+      token_digests = self._digests(var_tokens)
+      starts = starts if k else tuple(i for i, d in enumerate(token_digests)
+                                      if d is not None and d in self._prefixes)
       if self._vocab:
-        shingles |= marker_fuzzy.row_shingles(var_tokens, self._digest_if_known, self._vocab,
-                                              self._shingle_groups)
+        shingles |= marker_fuzzy.row_shingles(var_tokens, token_digests, self._digest_if_known,
+                                              self._vocab, self._shingle_groups)
     squashed = "".join(tokens)
     edge = self._edge
-    starts = tuple(i for i, t in enumerate(tokens) if self._digest_if_known(t) in self._prefixes)
     result = _TextScan(tuple(hits), frozenset(grams),
                        head=(tokens[:edge], squashed[:SQUASH_MAX - 1]),
                        tail=(tokens[-edge:] if edge else (), squashed[-JUNCTION_CHARS:]),
