@@ -20,7 +20,7 @@ matcher's memoised `sha256(salt + payload)` that returns None unless an export t
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 SHINGLE_MIN_TOKENS = 10
 SHINGLE_SPAN = 3

@@ -14,7 +14,7 @@ import binascii
 import html
 import re
 import urllib.parse
-from typing import Iterator
+from collections.abc import Iterator
 
 _B64_RE = re.compile(r"[A-Za-z0-9+/_\-]{8,}={0,2}")
 _B32_RE = re.compile(r"[A-Z2-7]{8,}=*|[a-z2-7]*[2-7][a-z2-7]*={0,6}")
@@ -39,14 +39,22 @@ def _text_of(raw: bytes) -> str:
   text = raw.decode("utf-8", errors="ignore")
   if len(text) < _MIN_TEXT_CHARS:
     return ""
+  if text.isprintable():
+    return text
   printable = sum(c.isprintable() or c.isspace() for c in text)
   return text if printable >= _MIN_PRINTABLE * len(text) else ""
 
 
-def _base85(run: str, values: dict[str, int] | None, *, z_zero: bool) -> bytes:
-  """Decodes base85 (`values`: the RFC 1924 digits) or ascii85 (`values` None: `!` is 0)."""
-  if z_zero:
-    run = run.replace("z", "!!!!!")
+def _ascii_text(head: bytes) -> bool:
+  """Whether the first decoded bytes of a run are printable ASCII: the cheap test that skips
+  decoding the rest of a run that was never an encoding (most runs fail it in 4 bytes; a
+  marker that starts with non-ASCII letters is not looked for in base32/85)."""
+  return bool(head) and all(32 <= b < 127 or b in (9, 10, 13) for b in head)
+
+
+def _base85(run: str, values: dict[str, int] | None) -> bytes:
+  """Decodes base85 (`values`: the RFC 1924 digits) or ascii85 (`values` None: `!` is 0,
+  `z` already expanded)."""
   digits = [values[c] for c in run] if values is not None else [ord(c) - 33 for c in run]
   pad = -len(digits) % 5
   digits += [84] * pad
@@ -69,7 +77,8 @@ def _unescape(text: str) -> str:
         return raw.decode("utf-8")
       except UnicodeDecodeError:
         return raw.decode("latin-1")
-    return chr(int(s[2:], 16)) if int(s[2:], 16) <= 0x10FFFF else s
+    code = int(s[2:], 16)
+    return chr(code) if code <= 0x10FFFF else s
   out = _ESCAPE_RE.sub(one, text)
   # Escaped surrogate pairs ("\\ud83d\\ude00") become the character they encode.
   return out.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
@@ -92,18 +101,21 @@ def _runs(text: str) -> Iterator[str]:
         continue
   for m in _B32_RE.finditer(text):
     run = m.group(0).rstrip("=").upper()
-    if len(run) >= 8:
-      try:
+    try:
+      if len(run) >= 8 and _ascii_text(base64.b32decode(run[:8])):
         yield _text_of(base64.b32decode(run + "=" * (-len(run) % 8)))
-      except (binascii.Error, ValueError):
-        pass
+    except (binascii.Error, ValueError):
+      pass
   for m in _B85_RE.finditer(text):
-    if not _WORDISH_RE.fullmatch(m.group(0)):
-      yield _text_of(_base85(m.group(0), _B85_VALUE, z_zero=False))
+    run = m.group(0)
+    if not _WORDISH_RE.fullmatch(run) and _ascii_text(_base85(run[:5], _B85_VALUE)):
+      yield _text_of(_base85(run, _B85_VALUE))
   for m in _A85_RE.finditer(text):
     run = re.sub(r"\s", "", m.group(1)) if m.group(1) is not None else m.group(0)
-    if m.group(1) is not None or not _WORDISH_RE.fullmatch(run):
-      yield _text_of(_base85(run, None, z_zero=True))
+    run = run.replace("z", "!!!!!")
+    if ((m.group(1) is not None or not _WORDISH_RE.fullmatch(run))
+        and _ascii_text(_base85(run[:5], None))):
+      yield _text_of(_base85(run, None))
   for m in _HEX_RE.finditer(text):
     yield _text_of(bytes.fromhex(m.group(0)))
 

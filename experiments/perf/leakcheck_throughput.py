@@ -17,10 +17,7 @@ import time
 from bat_jax import markers
 from bat_jax.evaluator import markers_export
 from bat_jax.evaluator.cells import make_cells
-from bat_jax.stagebank import build
-from bat_jax.stagebank import leakcheck
-from bat_jax.stagebank import rounds
-from bat_jax.stagebank import task_source
+from bat_jax.stagebank import build, leakcheck, rounds, task_source
 
 
 def main() -> None:

@@ -11,16 +11,13 @@ import json
 import random
 
 import pytest
+from test_leak_adversarial import _heldout, _row, _training_strings
 
-from bat_jax import marker_fuzzy
-from bat_jax import markers
+from bat_jax import marker_fuzzy, markers
 from bat_jax.evaluator import markers_export
-from bat_jax.stagebank import build
-from bat_jax.stagebank import leakcheck
+from bat_jax.stagebank import build, leakcheck
 
-from test_leak_adversarial import _heldout, _row, _training_strings  # noqa: E402
-
-# Look-alikes that the old hand table did not have (Lisu capitals; Cherokee; Armenian).
+# Look-alikes that the old hand table did not have (Lisu and Cherokee capitals).
 _LISU = str.maketrans("ABCDEFGHIJKLMNOPRSTUVWXYZ", "ꓮꓐꓚꓓꓰꓝꓖꓧꓲꓙꓗꓡꓟꓠꓳꓑꓣꓢꓔꓴꓦꓪꓫꓬꓜ")
 _CHEROKEE = str.maketrans("ABCDEGHJKLMPRSTVWZ", "ᎪᏴᏟᎠᎬᏀᎻᎫᏦᏞᎷᏢᏒᏚᎢᏙᏔᏃ")
 _LEET = str.maketrans("aeostlgb", "43057198")
