@@ -134,6 +134,7 @@ class MarkerMatcher:
     self._hashes = self._length_table(export, "hashes")
     self._squash = self._length_table(export, "squash")
     self._anchors = {a: tuple(ls) for a, ls in export["anchors"].items()}
+    self._longest_squash = max(self._squash, default=SQUASH_MIN)
     grams = export["grams"]
     if int(grams.get("n", GRAM_N)) != GRAM_N:
       raise ValueError(f"marker export field 'grams.n' is {grams.get('n')!r}, not {GRAM_N}")
@@ -278,8 +279,9 @@ class MarkerMatcher:
     marks = "".join(_TOKEN_RE.findall(leet_marks(normal)))
     spans: list[list[int]] = []
     at = marks.find(LEET_MARK)
+    longest = self._longest_squash
     while at >= 0:
-      lo = max(0, at - SQUASH_MAX + 1)
+      lo = max(0, at - longest + 1)
       if spans and lo <= spans[-1][1]:
         spans[-1][1] = at + 1
       else:
