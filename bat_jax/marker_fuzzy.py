@@ -3,9 +3,10 @@
 Both work on salted hashes only, like the rest of `bat_jax.markers` (`digest` below is the
 matcher's memoised `sha256(salt + payload)` that returns None unless an export table holds it).
 
-- Near-duplicates (`shingles`): a long held-out text (>= `SHINGLE_MIN_TOKENS` tokens) is
-  exported as its set of word skip-pairs: every unordered pair of tokens at most
-  `SHINGLE_SPAN` apart, minus the pairs public text makes too. A row whose strings hold
+- Near-duplicates (`shingles`): a long held-out text (>= `SHINGLE_MIN_TOKENS` content tokens:
+  those of `SHINGLE_MIN_CHARS` or more) is exported as its set of word skip-pairs: every
+  unordered pair of content tokens at most `SHINGLE_SPAN` apart, minus the pairs public text
+  makes too. A row whose strings hold
   `SHINGLE_CONTAINMENT` of one marker's pairs (and at least `SHINGLE_MIN_HITS`) is a hit: the
   text with words dropped, swapped, or reordered nearby. Unordered pairs survive a swap; pairs
   up to 3 apart survive dropped words. The export also holds the hashed vocabulary of these
@@ -22,10 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-SHINGLE_MIN_TOKENS = 10
-SHINGLE_SPAN = 3
+SHINGLE_MIN_TOKENS = 8
+SHINGLE_MIN_CHARS = 4  # shorter tokens (a, of, the, 25, px) are left out of the pairs
+SHINGLE_SPAN = 4
 SHINGLE_CONTAINMENT = 0.3
-SHINGLE_MIN_HITS = 6
+SHINGLE_MIN_HITS = 5
 PAIR_JOIN = "\x1e"
 GAP_TOKENS = 12
 MIN_GAP_PREFIX = 2
@@ -38,8 +40,13 @@ def pair_payload(a: str, b: str) -> str:
   return PAIR_JOIN.join((a, b) if a <= b else (b, a))
 
 
+def content(tokens: Sequence[str]) -> list[str]:
+  return [t for t in tokens if len(t) >= SHINGLE_MIN_CHARS]
+
+
 def skip_pairs(tokens: Sequence[str]) -> set[tuple[str, str]]:
-  """Unordered pairs of distinct tokens at most `SHINGLE_SPAN` apart."""
+  """Unordered pairs of distinct content tokens at most `SHINGLE_SPAN` apart."""
+  tokens = content(tokens)
   out = set()
   for i, a in enumerate(tokens):
     for b in tokens[i + 1:i + 1 + SHINGLE_SPAN]:
@@ -58,7 +65,7 @@ def public_pairs(grams: Iterable[tuple[str, ...]]) -> frozenset[tuple[str, str]]
 
 def shingle_group(tokens: Sequence[str], public: frozenset) -> set[tuple[str, str]]:
   """The skip-pairs a long marker is exported as (empty when too short or too public)."""
-  if len(tokens) < SHINGLE_MIN_TOKENS:
+  if len(content(tokens)) < SHINGLE_MIN_TOKENS:
     return set()
   pairs = skip_pairs(tokens) - public
   return pairs if len(pairs) >= SHINGLE_MIN_HITS else set()
@@ -72,7 +79,9 @@ def prefixes(squashed: str) -> list[str]:
 def row_shingles(tokens: Sequence[str], token_digests: Sequence[str | None], digest: Digest,
                  vocab: frozenset, groups: dict) -> set[str]:
   """The exported shingle hashes among `tokens`' skip-pairs (`token_digests`: each token's)."""
-  in_vocab = [d is not None and d in vocab for d in token_digests]
+  kept = [(t, d) for t, d in zip(tokens, token_digests) if len(t) >= SHINGLE_MIN_CHARS]
+  tokens = [t for t, _ in kept]
+  in_vocab = [d is not None and d in vocab for _, d in kept]
   found = set()
   for i, a in enumerate(tokens):
     if not in_vocab[i]:

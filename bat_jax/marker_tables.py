@@ -24,7 +24,6 @@ GRAM_N = 4
 JUNCTION_SPAN = 2  # a string value is joined with each of the next two (see `find`)
 JUNCTION_CHARS = 48  # squashed chars before a boundary that a split marker may start within
 GRAM_HITS = 2
-SHIFT_SQUASH_MIN = 8
 _TOKEN_RE = re.compile(r"[^\W_]+")
 _JOIN = "\x1f"
 # All-hex squashed forms (numbers, hex ids) occur by chance inside every digest: they are matched
@@ -56,14 +55,15 @@ def _hash_tokens(base, tokens: Iterable[str]) -> str:
   return h.hexdigest()
 
 
-def _forms(normal: str, window: int) -> dict[str, int]:
-  """{form: shortest squashed length it is matched glued at}: a normalised marker as written,
-  reversed, rot13'd, leet-folded and (short markers) Caesar-shifted."""
-  forms = {normal: SQUASH_MIN, normal[::-1]: SQUASH_MIN, caesar(normal, 13): SQUASH_MIN,
-           leet_fold(normal): SQUASH_MIN}
+def _forms(normal: str, window: int) -> dict[str, bool]:
+  """{form: whether it is matched glued too}: a normalised marker as written, reversed, rot13'd,
+  leet-folded and (short markers) in every other Caesar shift, those as whole tokens only
+  (squashed, 25 shifts of every marker would fill the anchor table: each text position would
+  hit some anchor by chance and cost a second hash)."""
+  forms = {normal: True, normal[::-1]: True, caesar(normal, 13): True, leet_fold(normal): True}
   if len(_TOKEN_RE.findall(normal)) <= window:
     for shift in range(1, 26):
-      forms.setdefault(caesar(normal, shift), SHIFT_SQUASH_MIN)
+      forms.setdefault(caesar(normal, shift), False)
   return forms
 
 
@@ -85,14 +85,14 @@ class _ExportTables:
     return _hash_tokens(self.base, [payload])
 
   def add(self, normal: str) -> None:
-    for form, squash_min in _forms(normal, self.window).items():
+    for form, glued in _forms(normal, self.window).items():
       tokens = tuple(_TOKEN_RE.findall(form))
       n = min(len(tokens), self.window)
       grams = self.hashes.setdefault(n, set())
       for j in range(len(tokens) - n + 1):
         grams.add(_hash_tokens(self.base, tokens[j:j + n]))
       squashed = "".join(tokens)
-      if squash_min <= len(squashed) <= SQUASH_MAX and not _HEXISH_RE.fullmatch(squashed):
+      if glued and SQUASH_MIN <= len(squashed) <= SQUASH_MAX and not _HEXISH_RE.fullmatch(squashed):
         self.squash.setdefault(len(squashed), set()).add(self._hash(squashed))
         anchor = self._hash(squashed[:SQUASH_MIN])
         self.anchors.setdefault(anchor, set()).add(len(squashed))
