@@ -80,6 +80,7 @@ class _ExportTables:
     self.shingles: set[tuple[str, ...]] = set()
     self.vocab: set[str] = set()
     self.prefixes: set[str] = set()
+    self.firsts: set[str] = set()  # first tokens of every window and n-gram of 2+ tokens
 
   def _hash(self, payload: str) -> str:
     return _hash_tokens(self.base, [payload])
@@ -91,6 +92,8 @@ class _ExportTables:
       grams = self.hashes.setdefault(n, set())
       for j in range(len(tokens) - n + 1):
         grams.add(_hash_tokens(self.base, tokens[j:j + n]))
+        if n > 1:
+          self.firsts.add(self._hash(tokens[j]))
       squashed = "".join(tokens)
       if glued and SQUASH_MIN <= len(squashed) <= SQUASH_MAX and not _HEXISH_RE.fullmatch(squashed):
         self.squash.setdefault(len(squashed), set()).add(self._hash(squashed))
@@ -99,11 +102,12 @@ class _ExportTables:
     tokens = tuple(_TOKEN_RE.findall(normal))
     self._add_fuzzy(tokens)
     if len(tokens) > self.window - 2:
-      group = {_hash_tokens(self.base, tokens[j:j + GRAM_N])
-               for j in range(len(tokens) - GRAM_N + 1)
-               if tokens[j:j + GRAM_N] not in self.public_grams}
+      kept = [j for j in range(len(tokens) - GRAM_N + 1)
+              if tokens[j:j + GRAM_N] not in self.public_grams]
+      group = {_hash_tokens(self.base, tokens[j:j + GRAM_N]) for j in kept}
       if len(group) >= GRAM_HITS:
         self.groups.add(tuple(sorted(group)))
+        self.firsts.update(self._hash(tokens[j]) for j in kept)
 
   def _add_fuzzy(self, tokens: tuple[str, ...]) -> None:
     """Shingles of a long marker; prefixes of one matched squashed (`bat_jax.marker_fuzzy`)."""
@@ -122,6 +126,7 @@ class _ExportTables:
         "hashes": {str(n): sorted(h) for n, h in sorted(self.hashes.items()) if h},
         "squash": {str(n): sorted(h) for n, h in sorted(self.squash.items())},
         "anchors": {a: sorted(ls) for a, ls in sorted(self.anchors.items())},
+        "firsts": sorted(self.firsts),
         "grams": {"n": GRAM_N, "min_hits": GRAM_HITS, "groups": sorted(self.groups)},
         "shingles": {"span": fuzzy.SHINGLE_SPAN, "containment": fuzzy.SHINGLE_CONTAINMENT,
                      "min_hits": fuzzy.SHINGLE_MIN_HITS, "vocab": sorted(self.vocab),

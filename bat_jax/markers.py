@@ -18,7 +18,8 @@ Matching scheme (version 3). Everything is hashed as `sha256(salt + b"\\x00" + p
 4. Export tables (each entry for the marker's forms: the normal form, its reversal, its rot13,
    its leetspeak fold and, for markers of at most `window` tokens, all 25 Caesar shifts):
    - `hashes[n]`: a marker of n <= `window` tokens as one hash of its token sequence; a longer
-     one as all its `window`-token windows.
+     one as all its `window`-token windows. `firsts`: the hash of every first token of such a
+     window (and of an n-gram below), so a scan hashes only windows that start with one.
    - `squash[L]` + `anchors`: a marker whose squashed form has `SQUASH_MIN..SQUASH_MAX` chars, as
      the hash of that form, plus the hash of its first `SQUASH_MIN` chars -> [L, ...] so a scan
      hashes each position of a text once and checks full lengths only behind an anchor hit
@@ -122,7 +123,8 @@ class MarkerMatcher:
       raise ValueError(f"marker export scheme is {export.get('scheme')!r}, this matcher reads "
                        f"{SCHEME!r}: re-export the held-out markers with this version (an "
                        "older export lacks this version's tables; the leak check fails closed)")
-    for key in ("salt_hex", "hashes", "squash", "anchors", "grams", "shingles", "pieces"):
+    for key in ("salt_hex", "hashes", "squash", "anchors", "firsts", "grams", "shingles",
+                "pieces"):
       if key not in export:
         raise ValueError(f"marker export is missing field {key!r}")
     try:
@@ -134,6 +136,7 @@ class MarkerMatcher:
     self._squash = self._length_table(export, "squash")
     self._anchors = {a: tuple(ls) for a, ls in export["anchors"].items()}
     self._longest_squash = max(self._squash, default=SQUASH_MIN)
+    self._firsts = frozenset(export["firsts"])
     grams = export["grams"]
     if int(grams.get("n", GRAM_N)) != GRAM_N:
       raise ValueError(f"marker export field 'grams.n' is {grams.get('n')!r}, not {GRAM_N}")
@@ -149,7 +152,7 @@ class MarkerMatcher:
     self._load_fuzzy(export["shingles"], export["pieces"])
     self._all_digests = frozenset().union(
         *self._hashes.values(), *self._squash.values(), self._anchors, self._gram_groups,
-        self._vocab, self._shingle_groups, self._prefixes)
+        self._vocab, self._shingle_groups, self._prefixes, self._firsts)
     self._known: dict[str, str | None] = {}
     self._memo: dict[str, _TextScan] = {}
     self._junction_memo: dict[tuple, tuple[tuple[str, int, str], ...]] = {}
@@ -206,12 +209,15 @@ class MarkerMatcher:
       out.append(compute(p) if d is _UNSEEN else d)
     return out
 
-  def _token_hits(self, tokens: tuple[str, ...], token_digests: list, out: list) -> None:
-    """Token-window hits; `token_digests`: the digest of each token (its 1-token window)."""
+  def _token_hits(self, tokens: tuple[str, ...], token_digests: list, firsts: list[int],
+                  out: list) -> None:
+    """Token-window hits; `token_digests`: the digest of each token (its 1-token window);
+    `firsts`: where a window of 2+ tokens can start (a token some exported window starts
+    with): the early exit that keeps most of a text's windows unhashed."""
     for n in self._lengths:
       table = self._hashes[n]
       digests = token_digests if n == 1 else self._digests(
-          _JOIN.join(tokens[j:j + n]) for j in range(len(tokens) - n + 1))
+          _JOIN.join(tokens[j:j + n]) for j in firsts if j + n <= len(tokens))
       for d in digests:
         if d is not None and d in table:
           out.append(("tokens", n, d))
@@ -227,10 +233,10 @@ class MarkerMatcher:
           if d is not None and d in self._squash.get(n, ()):
             out.append(("squashed", n, d))
 
-  def _grams(self, tokens: tuple[str, ...]) -> set[str]:
+  def _grams(self, tokens: tuple[str, ...], firsts: list[int]) -> set[str]:
     if not self._gram_groups:
       return set()
-    windows = (_JOIN.join(tokens[j:j + GRAM_N]) for j in range(len(tokens) - GRAM_N + 1))
+    windows = (_JOIN.join(tokens[j:j + GRAM_N]) for j in firsts if j + GRAM_N <= len(tokens))
     return {d for d in self._digests(windows) if d is not None and d in self._gram_groups}
 
   def _scan(self, text: str) -> _TextScan:
@@ -246,11 +252,12 @@ class MarkerMatcher:
       tokens = var_tokens if k == 0 else tokens
       squashed = "".join(var_tokens)
       token_digests = self._digests(var_tokens)
-      self._token_hits(var_tokens, token_digests, hits)
+      firsts = [j for j, d in enumerate(token_digests) if d is not None and d in self._firsts]
+      self._token_hits(var_tokens, token_digests, firsts, hits)
       self._squash_hits(squashed, range(len(squashed) - SQUASH_MIN + 1), hits)
       if has_leet(normal):
         self._leet_hits(normal, hits)
-      grams |= self._grams(var_tokens)
+      grams |= self._grams(var_tokens, firsts)
       starts = starts if k else tuple(i for i, d in enumerate(token_digests)
                                       if d is not None and d in self._prefixes)
       if self._vocab:
