@@ -96,7 +96,9 @@ def _runs(text: str) -> Iterator[str]:
   """Text decoded from every base64 / base32 / base85 / ascii85 / hex run of `text`."""
   for m in _B64_RE.finditer(text):
     run = m.group(0).rstrip("=")
-    for altchars in (b"+/", b"-_"):
+    # The two alphabets differ only in `+/` vs `-_`: a run with neither decodes alike.
+    alphabets = (b"+/", b"-_") if any(c in run for c in "+/-_") else (b"+/",)
+    for altchars in alphabets:
       try:
         yield _text_of(base64.b64decode(run + "=" * (-len(run) % 4), altchars=altchars))
       except (binascii.Error, ValueError):
