@@ -24,6 +24,7 @@ GRAM_N = 4
 JUNCTION_SPAN = 2  # a string value is joined with each of the next two (see `find`)
 JUNCTION_CHARS = 48  # squashed chars before a boundary that a split marker may start within
 GRAM_HITS = 2
+LEET_SQUASH_MIN = 8
 _TOKEN_RE = re.compile(r"[^\W_]+")
 _JOIN = "\x1f"
 # All-hex squashed forms (numbers, hex ids) occur by chance inside every digest: they are matched
@@ -60,7 +61,12 @@ def _forms(normal: str, window: int) -> dict[str, bool]:
   leet-folded and (short markers) in every other Caesar shift, those as whole tokens only
   (squashed, 25 shifts of every marker would fill the anchor table: each text position would
   hit some anchor by chance and cost a second hash)."""
-  forms = {normal: True, normal[::-1]: True, caesar(normal, 13): True, leet_fold(normal): True}
+  squashed = "".join(_TOKEN_RE.findall(normal))
+  # The leet fold turns digits into letters, so a hex id or digest folds into letters that a
+  # short or all-hex marker's fold would match by chance: glued only from 8 chars, not hex.
+  leet_glued = len(squashed) >= LEET_SQUASH_MIN and not _HEXISH_RE.fullmatch(squashed)
+  forms = {normal: True, normal[::-1]: True, caesar(normal, 13): True}
+  forms.setdefault(leet_fold(normal), leet_glued)
   if len(_TOKEN_RE.findall(normal)) <= window:
     for shift in range(1, 26):
       forms.setdefault(caesar(normal, shift), False)

@@ -23,7 +23,9 @@ Matching scheme (version 3). Everything is hashed as `sha256(salt + b"\\x00" + p
    - `squash[L]` + `anchors`: a marker whose squashed form has `SQUASH_MIN..SQUASH_MAX` chars, as
      the hash of that form, plus the hash of its first `SQUASH_MIN` chars -> [L, ...] so a scan
      hashes each position of a text once and checks full lengths only behind an anchor hit
-     (not for Caesar shifts other than rot13: those are matched as whole tokens).
+     (not for Caesar shifts other than rot13: those are matched as whole tokens; the leet fold
+     from `LEET_SQUASH_MIN` chars and never for an all-hex marker, whose fold hex ids would
+     match by chance).
    - `grams`: a marker of more than `window` - 2 tokens (report text, questions) as a group of its
      `GRAM_N`-token n-gram hashes; a text holding `GRAM_HITS` distinct n-grams of one group is a
      hit (an excerpt shorter than the window, or the text with every 5th word dropped).

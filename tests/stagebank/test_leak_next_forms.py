@@ -206,3 +206,11 @@ def test_real_training_and_sft_rows_pass_with_no_false_rejections():
 @pytest.mark.slow
 def test_large_sample_of_real_rows_passes_with_no_false_rejections():
   assert _real_rows_pass(n_batches=40, cells_per_track=6, first_action_tasks=4) > 320
+
+
+def test_hex_ids_do_not_match_leet_folds():
+  """A training hex id folded as leetspeak is letters: an all-hex marker's fold must not be
+  matched glued inside it (found as a false rejection of a real `stage_tools` round)."""
+  m = markers.MarkerMatcher(markers.export_markers(["acc-251", "case-0042"], salt="s"))
+  assert m.find({"task_id": "task-ff60acc251b10c"}) == []
+  assert m.find({"note": "see c4s3-0042"}) and m.find({"note": "xc4s30042y"})
