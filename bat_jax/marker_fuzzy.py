@@ -102,22 +102,22 @@ class PieceScan:
     self.partials: list[list] = []  # [squashed so far, tokens waited since]
     self.hits: list[tuple[int, str]] = []  # (squashed length, digest)
 
-  def feed(self, tokens: Sequence[str], starts: Sequence[int], memo: dict) -> None:
+  def feed(self, tokens: Sequence[str], starts: Sequence[int], memo: dict, key: str) -> None:
     """Walks `tokens` (one string's); `starts`: the indexes of tokens that are prefixes.
 
     A string entered with no partial marker waiting always leaves the same hits and partials:
-    `memo` (kept by the caller across rows, keyed by the tokens) holds them, so text every row
-    repeats (system prompts, stage instructions) is walked once."""
+    `memo` (kept by the caller across rows, under `key`: the string, whose hash Python caches)
+    holds them, so text every row repeats (system prompts, stage instructions) is walked once."""
     if not starts and not self.partials:
       return
     if self.partials:
       self._walk(tokens, starts)
       return
-    cached = memo.get(tokens)
+    cached = memo.get(key)
     if cached is None:
       earlier, self.hits = self.hits, []
       self._walk(tokens, starts)
-      cached = memo[tokens] = (tuple(self.hits), tuple(tuple(p) for p in self.partials))
+      cached = memo[key] = (tuple(self.hits), tuple(tuple(p) for p in self.partials))
       self.hits = earlier
     self.hits.extend(cached[0])
     self.partials = [list(p) for p in cached[1]]

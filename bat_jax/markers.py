@@ -158,7 +158,7 @@ class MarkerMatcher:
     self._known: dict[str, str | None] = {}
     self._memo: dict[str, _TextScan] = {}
     self._junction_memo: dict[tuple, tuple[tuple[str, int, str], ...]] = {}
-    self._piece_memo: dict[tuple, tuple] = {}
+    self._piece_memo: dict[str, tuple] = {}
 
   def _load_fuzzy(self, shingles: Mapping[str, Any], pieces: Mapping[str, Any]) -> None:
     for field, table, value in (("span", shingles, marker_fuzzy.SHINGLE_SPAN),
@@ -358,7 +358,7 @@ class MarkerMatcher:
       recent = (recent + [(path, scan)])[-JUNCTION_SPAN:]
       if len(self._piece_memo) >= _MEMO_LIMIT:
         self._piece_memo.clear()
-      pieces.feed(scan.tokens, scan.starts, self._piece_memo)
+      pieces.feed(scan.tokens, scan.starts, self._piece_memo, text)
       shingles |= scan.shingles
     hits.extend(self._group_hits(gram_paths))
     hits.extend(MarkerHit("$", False, n, d, "pieces") for n, d in pieces.hits)
