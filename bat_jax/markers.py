@@ -5,193 +5,72 @@ names, report text). It exports them *hashed only* with `export_markers`; the St
 export into a `MarkerMatcher` and scans every row it is about to publish. The training side
 therefore never holds plaintext held-out content, yet can still find it.
 
-Matching scheme (version 2). Everything is hashed as `sha256(salt + b"\\x00" + payload)`:
+Matching scheme (version 3). Everything is hashed as `sha256(salt + b"\\x00" + payload)`:
 
-1. Normalise (`normalize_text`): NFKD, drop format characters (Unicode Cf: zero-width space and
-   joiners, soft hyphen, bidi marks) and combining marks, NFKC, casefold, then map Cyrillic and
-   Greek look-alikes to the Latin letter they imitate ("саѕе" == "case").
+1. Normalise (`bat_jax.text_normal.normalize_text`): NFKD, drop format characters, combining
+   marks and default-ignorable code points (Hangul fillers), NFKC, the UTS #39 confusables
+   mapping (Cyrillic/Greek/Cherokee/... look-alikes to the ASCII letter they imitate), casefold.
 2. Tokens: the maximal alphanumeric runs of the normal form (`_`, `-`, `/`, `.`, whitespace and
    all punctuation separate). "Case_0042.pgm" -> ("case", "0042", "pgm"). The *squashed* form is
    the tokens glued together ("case0042pgm"): it is what survives removed or inserted separators,
    spaced letters and gluing into a longer word.
 3. A marker whose tokens joined by one space are shorter than `MIN_MARKER_CHARS` is ignored.
-4. Export tables (each entry for the marker's normal form, its reversal and its rot13):
+4. Export tables (each entry for the marker's forms: the normal form, its reversal, its rot13,
+   its leetspeak fold and, for markers of at most `window` tokens, all 25 Caesar shifts):
    - `hashes[n]`: a marker of n <= `window` tokens as one hash of its token sequence; a longer
-     one as all its `window`-token windows.
+     one as all its `window`-token windows. `firsts`: the hash of every first token of such a
+     window (and of an n-gram below), so a scan hashes only windows that start with one.
    - `squash[L]` + `anchors`: a marker whose squashed form has `SQUASH_MIN..SQUASH_MAX` chars, as
      the hash of that form, plus the hash of its first `SQUASH_MIN` chars -> [L, ...] so a scan
-     hashes each position of a text once and checks full lengths only behind an anchor hit.
+     hashes each position of a text once and checks full lengths only behind an anchor hit
+     (not for Caesar shifts other than rot13: those are matched as whole tokens; the leet fold
+     from `LEET_SQUASH_MIN` chars and never for an all-hex marker, whose fold hex ids would
+     match by chance).
    - `grams`: a marker of more than `window` - 2 tokens (report text, questions) as a group of its
      `GRAM_N`-token n-gram hashes; a text holding `GRAM_HITS` distinct n-grams of one group is a
      hit (an excerpt shorter than the window, or the text with every 5th word dropped).
+   - `shingles` and `pieces`: near-duplicates and markers in pieces (`bat_jax.marker_fuzzy`).
 5. Matching (`MarkerMatcher.find`): every string key and value of a row (ints and floats via
-   `repr`) is scanned as is and in its decoded forms (URL-encoding, HTML entities, base64 and hex
-   runs); the squashed/token junction of every two consecutive strings of the row is scanned too,
-   and n-gram groups are counted over the whole row: a marker split across fields is found.
+   `repr`) is scanned as is, in its decoded forms (`bat_jax.text_decoding`: URL, HTML, escapes,
+   quoted-printable, base64/32/85, ascii85, hex) and, where it has leet characters inside words,
+   leet-folded; the squashed/token junction of every two consecutive strings of the row is
+   scanned too, the row's tokens are walked for marker pieces across any number of strings
+   (with other text between), and n-gram groups and shingles are counted over the whole row.
 """
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
-import hashlib
-import json
-import re
-import unicodedata
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
+from bat_jax import marker_fuzzy
+from bat_jax.marker_tables import (  # noqa: F401  (the public names of the scheme, re-exported)
+  _JOIN,
+  _TOKEN_RE,
+  DEFAULT_WINDOW,
+  GRAM_HITS,
+  GRAM_N,
+  JUNCTION_CHARS,
+  JUNCTION_SPAN,
+  MIN_MARKER_CHARS,
+  SCHEME,
+  SQUASH_MAX,
+  SQUASH_MIN,
+  _hasher,
+  empty_export,
+  export_digest,
+  export_markers,
+  normalize_tokens,
+)
 from bat_jax.text_decoding import decoded_variants
-
-SCHEME = "bat_jax.markers/v2"
-MIN_MARKER_CHARS = 4
-DEFAULT_WINDOW = 8
-SQUASH_MIN = 5   # squashed markers at least this long are found glued into any text
-SQUASH_MAX = 80  # longer ones (report text) are found by token windows and n-gram groups
-GRAM_N = 4
-JUNCTION_SPAN = 2  # a string value is joined with each of the next two (see `find`)
-JUNCTION_CHARS = 48  # squashed chars before a boundary that a split marker may start within
-GRAM_HITS = 2
-_TOKEN_RE = re.compile(r"[^\W_]+")
-_JOIN = "\x1f"
-_DROP_CATEGORIES = frozenset({"Cf", "Mn", "Me"})
-# Cyrillic / Greek / other letters that render like a Latin one (after casefold).
-_CONFUSABLES = str.maketrans({
-    "а": "a", "в": "b", "е": "e", "ё": "e", "є": "e", "і": "i", "ї": "i", "ј": "j", "к": "k",
-    "м": "m", "н": "h", "о": "o", "п": "n", "р": "p", "с": "c", "т": "t", "у": "y", "х": "x",
-    "ѕ": "s", "ԁ": "d", "ԛ": "q", "ԝ": "w", "һ": "h", "ӏ": "l", "ь": "b", "г": "r", "ᴄ": "c",
-    "α": "a", "β": "b", "γ": "y", "ε": "e", "η": "n", "ι": "i", "κ": "k", "μ": "u", "ν": "v",
-    "ο": "o", "ρ": "p", "ς": "s", "τ": "t", "υ": "u", "χ": "x", "ω": "w", "ı": "i", "օ": "o",
-    "ս": "u", "ք": "p", "ɡ": "g", "ɑ": "a", "ⅰ": "i", "ℓ": "l",
-    # Upper case first: casefold would turn Greek "Μ" (an M look-alike) into "μ" (a u one).
-    "Α": "a", "Β": "b", "Ε": "e", "Ζ": "z", "Η": "h", "Ι": "i", "Κ": "k", "Μ": "m", "Ν": "n",
-    "Ο": "o", "Ρ": "p", "Τ": "t", "Υ": "y", "Χ": "x", "А": "a", "В": "b", "Е": "e", "К": "k",
-    "М": "m", "Н": "h", "О": "o", "Р": "p", "С": "c", "Т": "t", "У": "y", "Х": "x", "Ѕ": "s",
-    "І": "i", "Ј": "j"})
-# All-hex squashed forms (numbers, hex ids) occur by chance inside every digest: they are matched
-# on token boundaries only, never glued into other text.
-_HEXISH_RE = re.compile(r"[0-9a-f]+")
-
-
-def normalize_text(text: str) -> str:
-  """The normal form every hash is built from (see the module docstring, step 1)."""
-  if text.isascii():
-    return text.casefold()
-  text = unicodedata.normalize("NFKD", text)
-  text = "".join(c for c in text if unicodedata.category(c) not in _DROP_CATEGORIES)
-  text = unicodedata.normalize("NFKC", text)
-  return text.translate(_CONFUSABLES).casefold().translate(_CONFUSABLES)
-
-
-def normalize_tokens(text: str) -> tuple[str, ...]:
-  """The alphanumeric tokens of `normalize_text(text)`."""
-  return tuple(_TOKEN_RE.findall(normalize_text(text)))
-
-
-def _salt_bytes(salt: str | bytes) -> bytes:
-  if isinstance(salt, bytes):
-    return salt
-  if isinstance(salt, str):
-    return salt.encode("utf-8")
-  raise TypeError(f"marker salt must be str or bytes, got {type(salt).__name__}")
-
-
-def _hasher(salt: bytes):
-  """A sha256 already fed with the salt; `.copy()` it per n-gram (saves rehashing the salt)."""
-  return hashlib.sha256(salt + b"\x00")
-
-
-def _hash_tokens(base, tokens: Iterable[str]) -> str:
-  h = base.copy()
-  h.update(_JOIN.join(tokens).encode("utf-8"))
-  return h.hexdigest()
-
-
-def _forms(normal: str) -> tuple[str, ...]:
-  """A normalised marker as written, reversed and rot13'd (the encodings matched by hashing)."""
-  return (normal, normal[::-1], codecs.encode(normal, "rot13"))
-
-
-class _ExportTables:
-  """Accumulates the hash tables of `export_markers`."""
-
-  def __init__(self, salt: bytes, window: int, public_grams: frozenset):
-    self.base, self.window, self.public_grams = _hasher(salt), window, public_grams
-    self.hashes: dict[int, set[str]] = {}
-    self.squash: dict[int, set[str]] = {}
-    self.anchors: dict[str, set[int]] = {}
-    self.groups: set[tuple[str, ...]] = set()
-
-  def add(self, normal: str) -> None:
-    for form in _forms(normal):
-      tokens = tuple(_TOKEN_RE.findall(form))
-      n = min(len(tokens), self.window)
-      grams = self.hashes.setdefault(n, set())
-      for j in range(len(tokens) - n + 1):
-        grams.add(_hash_tokens(self.base, tokens[j:j + n]))
-      squashed = "".join(tokens)
-      if SQUASH_MIN <= len(squashed) <= SQUASH_MAX and not _HEXISH_RE.fullmatch(squashed):
-        self.squash.setdefault(len(squashed), set()).add(_hash_tokens(self.base, [squashed]))
-        anchor = _hash_tokens(self.base, [squashed[:SQUASH_MIN]])
-        self.anchors.setdefault(anchor, set()).add(len(squashed))
-    tokens = tuple(_TOKEN_RE.findall(normal))
-    if len(tokens) > self.window - 2:
-      group = {_hash_tokens(self.base, tokens[j:j + GRAM_N])
-               for j in range(len(tokens) - GRAM_N + 1)
-               if tokens[j:j + GRAM_N] not in self.public_grams}
-      if len(group) >= GRAM_HITS:
-        self.groups.add(tuple(sorted(group)))
-
-
-def export_markers(strings: Iterable[str], salt: str | bytes, *, window: int = DEFAULT_WINDOW,
-                   public_grams: Iterable[tuple[str, ...]] = ()) -> dict[str, Any]:
-  """Hashes held-out marker strings into a JSON-able export that holds no plaintext.
-
-  Args:
-    strings: the marker strings (task ids, answers, file names, report text).
-    salt: a per-export salt, stored in the export as hex.
-    window: markers longer than this many tokens are exported as all their `window`-token
-      windows (see the module docstring).
-    public_grams: `GRAM_N`-token tuples that public text uses too: left out of the n-gram groups.
-
-  Returns:
-    `{"scheme", "salt_hex", "min_chars", "window", "marker_count", "hashes", "squash",
-    "anchors", "grams"}`, hashes sorted and deduplicated so the export reveals no order.
-  """
-  if window < GRAM_N:
-    raise ValueError(f"marker window must be >= {GRAM_N}, got {window}")
-  salt_b = _salt_bytes(salt)
-  tables = _ExportTables(salt_b, window, frozenset(public_grams))
-  count = 0
-  for i, s in enumerate(strings):
-    if not isinstance(s, str):
-      raise TypeError(f"marker #{i} must be a str, got {type(s).__name__}")
-    normal = normalize_text(s)
-    if len(" ".join(_TOKEN_RE.findall(normal))) < MIN_MARKER_CHARS:
-      continue
-    count += 1
-    tables.add(normal)
-  return {
-      "scheme": SCHEME,
-      "salt_hex": salt_b.hex(),
-      "min_chars": MIN_MARKER_CHARS,
-      "window": window,
-      "marker_count": count,
-      "hashes": {str(n): sorted(h) for n, h in sorted(tables.hashes.items()) if h},
-      "squash": {str(n): sorted(h) for n, h in sorted(tables.squash.items())},
-      "anchors": {a: sorted(ls) for a, ls in sorted(tables.anchors.items())},
-      "grams": {"n": GRAM_N, "min_hits": GRAM_HITS, "groups": sorted(tables.groups)},
-  }
-
-
-def export_digest(export: Mapping[str, Any]) -> str:
-  """sha256 of the export's canonical JSON: the id a leak receipt records."""
-  blob = json.dumps(export, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-  return hashlib.sha256(blob.encode("utf-8")).hexdigest()
-
-
-def empty_export(salt: str | bytes = b"") -> dict[str, Any]:
-  """An export with no markers (tests and explicitly allowed development builds only)."""
-  return export_markers((), salt)
+from bat_jax.text_normal import (
+  LEET_MARK,
+  has_leet,
+  leet_fold,
+  leet_marks,
+  normalize_text,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +100,9 @@ class _TextScan:
   grams: frozenset[str]
   head: tuple[tuple[str, ...], str]  # first tokens, first squashed chars
   tail: tuple[tuple[str, ...], str]  # last tokens, last squashed chars
+  tokens: tuple[str, ...]  # of the string as is, for the piece walk
+  starts: tuple[int, ...]  # indexes of `tokens` that are a marker prefix
+  shingles: frozenset[str]
 
 
 _UNSEEN = object()
@@ -237,12 +119,16 @@ class MarkerMatcher:
   """
 
   def __init__(self, export: Mapping[str, Any]):
-    for key in ("scheme", "salt_hex", "hashes", "squash", "anchors", "grams"):
+    # The scheme first: an older export lacks this version's tables, and its error should say
+    # which versions differ, not which table is missing.
+    if export.get("scheme") != SCHEME:
+      raise ValueError(f"marker export scheme is {export.get('scheme')!r}, this matcher reads "
+                       f"{SCHEME!r}: re-export the held-out markers with this version (an "
+                       "older export lacks this version's tables; the leak check fails closed)")
+    for key in ("salt_hex", "hashes", "squash", "anchors", "firsts", "grams", "shingles",
+                "pieces"):
       if key not in export:
         raise ValueError(f"marker export is missing field {key!r}")
-    if export["scheme"] != SCHEME:
-      raise ValueError(f"marker export scheme {export['scheme']!r} is not {SCHEME!r}: "
-                       "re-export the markers with this version")
     try:
       salt = bytes.fromhex(export["salt_hex"])
     except (TypeError, ValueError) as e:
@@ -251,6 +137,8 @@ class MarkerMatcher:
     self._hashes = self._length_table(export, "hashes")
     self._squash = self._length_table(export, "squash")
     self._anchors = {a: tuple(ls) for a, ls in export["anchors"].items()}
+    self._longest_squash = max(self._squash, default=SQUASH_MIN)
+    self._firsts = frozenset(export["firsts"])
     grams = export["grams"]
     if int(grams.get("n", GRAM_N)) != GRAM_N:
       raise ValueError(f"marker export field 'grams.n' is {grams.get('n')!r}, not {GRAM_N}")
@@ -263,11 +151,30 @@ class MarkerMatcher:
     self._edge = max(self._lengths + (GRAM_N,)) - 1
     self.digest = export_digest(export)
     self.marker_count = int(export.get("marker_count", 0))
+    self._load_fuzzy(export["shingles"], export["pieces"])
     self._all_digests = frozenset().union(
-        *self._hashes.values(), *self._squash.values(), self._anchors, self._gram_groups)
+        *self._hashes.values(), *self._squash.values(), self._anchors, self._gram_groups,
+        self._vocab, self._shingle_groups, self._prefixes, self._firsts)
     self._known: dict[str, str | None] = {}
     self._memo: dict[str, _TextScan] = {}
     self._junction_memo: dict[tuple, tuple[tuple[str, int, str], ...]] = {}
+    self._piece_memo: dict[str, tuple] = {}
+
+  def _load_fuzzy(self, shingles: Mapping[str, Any], pieces: Mapping[str, Any]) -> None:
+    for field, table, value in (("span", shingles, marker_fuzzy.SHINGLE_SPAN),
+                                ("gap_tokens", pieces, marker_fuzzy.GAP_TOKENS)):
+      if table.get(field) != value:
+        raise ValueError(f"marker export field {field!r} is {table.get(field)!r}, not {value}")
+    self._shingle_containment = float(shingles["containment"])
+    self._shingle_min_hits = int(shingles["min_hits"])
+    self._vocab = frozenset(shingles["vocab"])
+    self._shingle_groups: dict[str, list[int]] = {}
+    self._shingle_sizes = []
+    for gid, group in enumerate(shingles["groups"]):
+      self._shingle_sizes.append(len(group))
+      for h in group:
+        self._shingle_groups.setdefault(h, []).append(gid)
+    self._prefixes = frozenset(pieces["prefixes"])
 
   @staticmethod
   def _length_table(export: Mapping[str, Any], field: str) -> dict[int, frozenset[str]]:
@@ -295,36 +202,44 @@ class MarkerMatcher:
       self._known[payload] = d
     return d
 
-  def _token_hits(self, tokens: tuple[str, ...], out: list) -> None:
-    known = self._digest_if_known
+  def _digests(self, payloads: Iterable[str]) -> list[str | None]:
+    """`_digest_if_known` of each payload, reading the memo inline (a scan's hot loop)."""
+    get, compute = self._known.get, self._digest_if_known
+    out = []
+    for p in payloads:
+      d = get(p, _UNSEEN)
+      out.append(compute(p) if d is _UNSEEN else d)
+    return out
+
+  def _token_hits(self, tokens: tuple[str, ...], token_digests: list, firsts: list[int],
+                  out: list) -> None:
+    """Token-window hits; `token_digests`: the digest of each token (its 1-token window);
+    `firsts`: where a window of 2+ tokens can start (a token some exported window starts
+    with): the early exit that keeps most of a text's windows unhashed."""
     for n in self._lengths:
       table = self._hashes[n]
-      for j in range(len(tokens) - n + 1):
-        d = known(_JOIN.join(tokens[j:j + n]))
+      digests = token_digests if n == 1 else self._digests(
+          _JOIN.join(tokens[j:j + n]) for j in firsts if j + n <= len(tokens))
+      for d in digests:
         if d is not None and d in table:
           out.append(("tokens", n, d))
 
   def _squash_hits(self, squashed: str, starts: range, out: list) -> None:
     if not self._anchors:
       return
-    known = self._digest_if_known
-    for i in starts:
-      anchor = known(squashed[i:i + SQUASH_MIN])
+    anchors = self._digests(squashed[i:i + SQUASH_MIN] for i in starts)
+    for i, anchor in zip(starts, anchors):
       for n in (self._anchors.get(anchor) if anchor is not None else None) or ():
         if i + n <= len(squashed):
-          d = known(squashed[i:i + n])
+          d = self._digest_if_known(squashed[i:i + n])
           if d is not None and d in self._squash.get(n, ()):
             out.append(("squashed", n, d))
 
-  def _grams(self, tokens: tuple[str, ...]) -> set[str]:
+  def _grams(self, tokens: tuple[str, ...], firsts: list[int]) -> set[str]:
     if not self._gram_groups:
       return set()
-    found = set()
-    for j in range(len(tokens) - GRAM_N + 1):
-      d = self._digest_if_known(_JOIN.join(tokens[j:j + GRAM_N]))
-      if d is not None and d in self._gram_groups:
-        found.add(d)
-    return found
+    windows = (_JOIN.join(tokens[j:j + GRAM_N]) for j in firsts if j + GRAM_N <= len(tokens))
+    return {d for d in self._digests(windows) if d is not None and d in self._gram_groups}
 
   def _scan(self, text: str) -> _TextScan:
     cached = self._memo.get(text)
@@ -332,22 +247,58 @@ class MarkerMatcher:
       return cached
     hits: list = []
     grams: set = set()
-    tokens = ()
-    for k, variant in enumerate((text, *decoded_variants(text))):
-      var_tokens = tuple(_TOKEN_RE.findall(normalize_text(variant)))
+    shingles: set = set()
+    tokens, starts = (), ()
+    for k, normal in enumerate(self._normal_forms(text)):
+      var_tokens = tuple(_TOKEN_RE.findall(normal))
       tokens = var_tokens if k == 0 else tokens
       squashed = "".join(var_tokens)
-      self._token_hits(var_tokens, hits)
+      token_digests = self._digests(var_tokens)
+      firsts = [j for j, d in enumerate(token_digests) if d is not None and d in self._firsts]
+      self._token_hits(var_tokens, token_digests, firsts, hits)
       self._squash_hits(squashed, range(len(squashed) - SQUASH_MIN + 1), hits)
-      grams |= self._grams(var_tokens)
+      if has_leet(normal):
+        self._leet_hits(normal, hits)
+      grams |= self._grams(var_tokens, firsts)
+      starts = starts if k else tuple(i for i, d in enumerate(token_digests)
+                                      if d is not None and d in self._prefixes)
+      if self._vocab:
+        shingles |= marker_fuzzy.row_shingles(var_tokens, token_digests, self._digest_if_known,
+                                              self._vocab, self._shingle_groups)
     squashed = "".join(tokens)
     edge = self._edge
     result = _TextScan(tuple(hits), frozenset(grams),
                        head=(tokens[:edge], squashed[:SQUASH_MAX - 1]),
-                       tail=(tokens[-edge:] if edge else (), squashed[-JUNCTION_CHARS:]))
+                       tail=(tokens[-edge:] if edge else (), squashed[-JUNCTION_CHARS:]),
+                       tokens=tokens, starts=starts, shingles=frozenset(shingles))
     if len(self._memo) < _MEMO_LIMIT:
       self._memo[text] = result
     return result
+
+  @staticmethod
+  def _normal_forms(text: str) -> Iterable[str]:
+    """The normal forms one string is scanned in: as is first, then decoded."""
+    for variant in (text, *decoded_variants(text)):
+      yield normalize_text(variant)
+
+  def _leet_hits(self, normal: str, out: list) -> None:
+    """Squashed markers in the leet fold of `normal`, looked for only where a window holds a
+    leet character (elsewhere the fold adds nothing the plain scan has not matched)."""
+    folded = "".join(_TOKEN_RE.findall(leet_fold(normal)))
+    marks = "".join(_TOKEN_RE.findall(leet_marks(normal)))
+    spans: list[list[int]] = []
+    at = marks.find(LEET_MARK)
+    longest = self._longest_squash
+    while at >= 0:
+      lo = max(0, at - longest + 1)
+      if spans and lo <= spans[-1][1]:
+        spans[-1][1] = at + 1
+      else:
+        spans.append([lo, at + 1])
+      at = marks.find(LEET_MARK, at + 1)
+    last = len(folded) - SQUASH_MIN + 1
+    for lo, hi in spans:
+      self._squash_hits(folded, range(lo, min(hi, last)), out)
 
   def _junction(self, tail, head) -> tuple[tuple[str, int, str], ...]:
     """Hits that straddle the boundary of two strings (the tail of one, the head of the next):
@@ -387,6 +338,9 @@ class MarkerMatcher:
     hits: list[MarkerHit] = []
     gram_paths: dict[str, set[str]] = {}
     recent: list[tuple[str, _TextScan]] = []
+    pieces = marker_fuzzy.PieceScan(self._digest_if_known, self._prefixes,
+                                    self._is_squashed_marker)
+    shingles: set[str] = set()
     for path, in_key, text in leaves:
       scan = self._scan(text)
       hits.extend(MarkerHit(path, in_key, n, d, kind) for kind, n, d in scan.hits)
@@ -402,8 +356,28 @@ class MarkerMatcher:
           else:
             hits.append(MarkerHit(where, False, n, d, kind))
       recent = (recent + [(path, scan)])[-JUNCTION_SPAN:]
+      if len(self._piece_memo) >= _MEMO_LIMIT:
+        self._piece_memo.clear()
+      pieces.feed(scan.tokens, scan.starts, self._piece_memo, text)
+      shingles |= scan.shingles
     hits.extend(self._group_hits(gram_paths))
+    hits.extend(MarkerHit("$", False, n, d, "pieces") for n, d in pieces.hits)
+    hits.extend(self._shingle_hits(shingles))
     return hits
+
+  def _is_squashed_marker(self, joined: str, digest: str) -> bool:
+    return digest in self._squash.get(len(joined), ())
+
+  def _shingle_hits(self, found: set[str]) -> list[MarkerHit]:
+    """One hit per long marker of which the row holds enough skip-pair shingles."""
+    counts: dict[int, int] = {}
+    for h in found:
+      for gid in self._shingle_groups[h]:
+        counts[gid] = counts.get(gid, 0) + 1
+    return [MarkerHit("$", False, marker_fuzzy.SHINGLE_SPAN, f"shingles:{gid}", "shingles")
+            for gid, c in sorted(counts.items())
+            if c >= max(self._shingle_min_hits,
+                        self._shingle_containment * self._shingle_sizes[gid])]
 
   def _group_hits(self, gram_paths: Mapping[str, set[str]]) -> list[MarkerHit]:
     """One hit per long marker of which the row holds >= `min_hits` distinct n-grams."""

@@ -1,7 +1,10 @@
-"""The decoded forms a string can hide text behind: URL-encoding, HTML entities, base64, hex.
+"""The decoded forms a string can hide text behind.
 
-Used by the held-out marker matcher (`bat_jax.markers`), which scans a string as is and in
-each of these forms.
+URL-encoding, HTML entities, `\\uXXXX` / `\\UXXXXXXXX` / `\\xNN` escapes, quoted-printable `=NN`,
+and base64, base32, base85 (RFC 1924 / git) and ascii85 (Adobe `<~..~>` or bare) runs, and hex
+runs. Used by the held-out marker matcher (`bat_jax.markers`), which scans a string as is and in
+each of these forms. A decoded run that is not mostly printable text is dropped: it hides no
+marker and would only cost scanning.
 """
 
 from __future__ import annotations
@@ -11,15 +14,118 @@ import binascii
 import html
 import re
 import urllib.parse
-from typing import Iterator
+from collections.abc import Iterator
 
 _B64_RE = re.compile(r"[A-Za-z0-9+/_\-]{8,}={0,2}")
+_B32_RE = re.compile(r"[A-Z2-7]{8,}=*|[a-z2-7]*[2-7][a-z2-7]*={0,6}")
 _HEX_RE = re.compile(r"(?:[0-9A-Fa-f]{2}){6,}")
+_B85_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
+# Runs of 5+ chars (4 bytes) that hold a symbol (a run of letters and digits is a word, not
+# decoded: base85 of a marker avoids all 23 symbols with chance (62/85)^L, 4% at 10 chars,
+# 0.9% at 15, 0.2% at 20; ascii85 its 28 with (57/85)^L, 1.8% at 10). A run shaped like an
+# identifier, a path or a number (`_WORDISH_RE`) is not decoded either.
+_B85_SET = "[" + re.escape(_B85_CHARS) + "]"
+_B85_RE = re.compile(f"{_B85_SET}*[!#$%&()*+\\-;<=>?@^_`{{|}}~]{_B85_SET}*")
+_A85_RE = re.compile(r"<~([!-uz\s]+)~>|[!-uz]*[!-/:-@\[-`][!-uz]*")
+_WORDISH_RE = re.compile(r"[a-z0-9_\-./:]+|[A-Za-z]+[0-9]*|[A-Z0-9_]+|[0-9.,:;eE+\-]+")
+_ESCAPE_RE = re.compile(r"\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8}|(?:\\x[0-9A-Fa-f]{2})+")
+_QP_RE = re.compile(r"(?:=[0-9A-Fa-f]{2})+")
+_B85_VALUE = {c: i for i, c in enumerate(_B85_CHARS)}
 _MAX_DECODE_DEPTH = 2
+_MIN_TEXT_CHARS = 4
+_MIN_PRINTABLE = 0.8
+
+
+def _text_of(raw: bytes) -> str:
+  """`raw` as UTF-8 text, or "" when it is too short or mostly not printable."""
+  text = raw.decode("utf-8", errors="ignore")
+  if len(text) < _MIN_TEXT_CHARS:
+    return ""
+  if text.isprintable():
+    return text
+  printable = sum(c.isprintable() or c.isspace() for c in text)
+  return text if printable >= _MIN_PRINTABLE * len(text) else ""
+
+
+def _ascii_text(head: bytes) -> bool:
+  """Whether the first decoded bytes of a run are printable ASCII: the cheap test that skips
+  decoding the rest of a run that was never an encoding (most runs fail it in 4 bytes; a
+  marker that starts with non-ASCII letters is not looked for in base32/85)."""
+  return bool(head) and all(32 <= b < 127 or b in (9, 10, 13) for b in head)
+
+
+def _base85(run: str, values: dict[str, int] | None) -> bytes:
+  """Decodes base85 (`values`: the RFC 1924 digits) or ascii85 (`values` None: `!` is 0,
+  `z` already expanded)."""
+  digits = [values[c] for c in run] if values is not None else [ord(c) - 33 for c in run]
+  pad = -len(digits) % 5
+  digits += [84] * pad
+  out = bytearray()
+  for i in range(0, len(digits), 5):
+    a, b, c, d, e = digits[i:i + 5]
+    word = (((a * 85 + b) * 85 + c) * 85 + d) * 85 + e
+    if word > 0xFFFFFFFF:
+      return b""
+    out += word.to_bytes(4, "big")
+  return bytes(out[:len(out) - pad])
+
+
+def _unescape(text: str) -> str:
+  def one(m: re.Match) -> str:
+    s = m.group(0)
+    if s[1] == "x":
+      raw = bytes(int(s[i + 2:i + 4], 16) for i in range(0, len(s), 4))
+      try:
+        return raw.decode("utf-8")
+      except UnicodeDecodeError:
+        return raw.decode("latin-1")
+    code = int(s[2:], 16)
+    return chr(code) if code <= 0x10FFFF else s
+  out = _ESCAPE_RE.sub(one, text)
+  # Escaped surrogate pairs ("\\ud83d\\ude00") become the character they encode.
+  return out.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _quoted_printable(text: str) -> str:
+  text = re.sub(r"=\r?\n", "", text)
+  return _QP_RE.sub(lambda m: bytes.fromhex(m.group(0).replace("=", "")).decode(
+      "utf-8", errors="replace"), text)
+
+
+def _runs(text: str) -> Iterator[str]:
+  """Text decoded from every base64 / base32 / base85 / ascii85 / hex run of `text`."""
+  for m in _B64_RE.finditer(text):
+    run = m.group(0).rstrip("=")
+    # The two alphabets differ only in `+/` vs `-_`: a run with neither decodes alike.
+    alphabets = (b"+/", b"-_") if any(c in run for c in "+/-_") else (b"+/",)
+    for altchars in alphabets:
+      try:
+        yield _text_of(base64.b64decode(run + "=" * (-len(run) % 4), altchars=altchars))
+      except (binascii.Error, ValueError):
+        continue
+  for m in _B32_RE.finditer(text):
+    run = m.group(0).rstrip("=").upper()
+    try:
+      if len(run) >= 8 and _ascii_text(base64.b32decode(run[:8])):
+        yield _text_of(base64.b32decode(run + "=" * (-len(run) % 8)))
+    except (binascii.Error, ValueError):
+      pass
+  for m in _B85_RE.finditer(text):
+    run = m.group(0)
+    if len(run) >= 5 and not _WORDISH_RE.fullmatch(run) and _ascii_text(_base85(run[:5], _B85_VALUE)):
+      yield _text_of(_base85(run, _B85_VALUE))
+  for m in _A85_RE.finditer(text):
+    run = re.sub(r"\s", "", m.group(1)) if m.group(1) is not None else m.group(0)
+    run = run.replace("z", "!!!!!")
+    if ((m.group(1) is not None or (len(run) >= 5 and not _WORDISH_RE.fullmatch(run)))
+        and _ascii_text(_base85(run[:5], None))):
+      yield _text_of(_base85(run, None))
+  for m in _HEX_RE.finditer(text):
+    yield _text_of(bytes.fromhex(m.group(0)))
 
 
 def decoded_variants(text: str, depth: int = _MAX_DECODE_DEPTH) -> Iterator[str]:
-  """`text` decoded from URL-encoding, HTML entities and base64 / hex runs (not `text` itself)."""
+  """`text` decoded from each encoding of the module docstring (not `text` itself)."""
   if depth <= 0:
     return
   found = []
@@ -27,18 +133,12 @@ def decoded_variants(text: str, depth: int = _MAX_DECODE_DEPTH) -> Iterator[str]
     found.append(urllib.parse.unquote(text, errors="replace"))
   if "&" in text:
     found.append(html.unescape(text))
-  for m in _B64_RE.finditer(text):
-    run = m.group(0)
-    for altchars in (b"+/", b"-_"):
-      try:
-        raw = base64.b64decode(run.rstrip("=") + "=" * (-len(run.rstrip("=")) % 4),
-                               altchars=altchars)
-      except (binascii.Error, ValueError):
-        continue
-      found.append(raw.decode("utf-8", errors="ignore"))
-  for m in _HEX_RE.finditer(text):
-    found.append(bytes.fromhex(m.group(0)).decode("utf-8", errors="ignore"))
-  for variant in found:
+  if "\\" in text:
+    found.append(_unescape(text))
+  if "=" in text:
+    found.append(_quoted_printable(text))
+  found.extend(_runs(text))
+  for variant in dict.fromkeys(found):
     if variant and variant != text:
       yield variant
       yield from decoded_variants(variant, depth - 1)

@@ -24,9 +24,12 @@ def test_export_holds_no_plaintext():
   assert any(len(s) > 80 for s in strings)  # report texts / wording
   export = markers_export.export_cells(cells)
   assert set(export) == {"scheme", "salt_hex", "min_chars", "window", "marker_count", "hashes",
-                         "squash", "anchors", "grams"}
+                         "squash", "anchors", "firsts", "grams", "shingles", "pieces"}
   all_hashes = ([h for table in ("hashes", "squash") for hs in export[table].values() for h in hs]
-                + list(export["anchors"]) + [h for g in export["grams"]["groups"] for h in g])
+                + list(export["anchors"]) + [h for g in export["grams"]["groups"] for h in g]
+                + export["shingles"]["vocab"] + [h for g in export["shingles"]["groups"] for h in g]
+                + export["pieces"]["prefixes"] + export["firsts"])
+  assert export["shingles"]["groups"] and export["pieces"]["prefixes"]
   assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in all_hashes)
   assert export["scheme"] == markers.SCHEME and export["marker_count"] == len(strings)
   dumped = json.dumps(export).lower()
