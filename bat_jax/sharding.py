@@ -19,6 +19,7 @@ import contextvars
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -193,6 +194,51 @@ def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
+
+
+def _host_major_mesh() -> Mesh:
+  """A `("hosts", "local")` mesh over every device, one row per process (in process order)."""
+  rows = [sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
+          for p in range(jax.process_count())]
+  return Mesh(np.asarray(rows, dtype=object), ("hosts", "local"))
+
+
+def _local_spec(x: jax.Array, local: int) -> PartitionSpec:
+  """The spec that splits `x` over a host's devices: the first dim its own spec shards that
+  divides by the local device count, else the first dim that does; replicated when none does."""
+  spec = tuple(x.sharding.spec) if isinstance(x.sharding, NamedSharding) else ()
+  dims = [d for d, s in enumerate(spec) if s is not None] + list(range(x.ndim))
+  for d in dims:
+    if x.shape[d] % local == 0:
+      return PartitionSpec(*([None] * d), "local")
+  return PartitionSpec()
+
+
+def host_local(tree: Any) -> Any:
+  """This process's own copy of a (possibly multi-host) array tree, sharded over its local
+  devices, e.g. for an in-process rollout engine; the tree itself with one process.
+
+  Each leaf is resharded once onto a `("hosts", "local")` mesh (replicated over hosts, split
+  over each host's devices) and the process keeps its addressable shards as a process-local
+  array: no leaf is ever gathered whole onto one device (a host's devices each hold 1/local).
+  Every process must call this (the reshard is a collective).
+  """
+  if jax.process_count() == 1:
+    return tree
+  mesh = _host_major_mesh()
+  local_devices = list(mesh.devices[jax.process_index()])
+  local_mesh = Mesh(np.asarray(local_devices, dtype=object), ("local",))
+
+  def one(x):
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+      return x
+    spec = _local_spec(x, len(local_devices))
+    spread = jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, spec))(x)
+    by_device = {s.device: s.data for s in spread.addressable_shards}
+    return jax.make_array_from_single_device_arrays(
+        x.shape, NamedSharding(local_mesh, spec), [by_device[d] for d in local_devices])
+
+  return jax.tree.map(one, tree)
 
 
 _DISTRIBUTED_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")
