@@ -241,6 +241,17 @@ def host_local(tree: Any) -> Any:
   return jax.tree.map(one, tree)
 
 
+def bytes_per_device(tree: Any) -> dict[jax.Device, int]:
+  """Bytes of `tree`'s arrays on each of this process's devices (a replicated leaf counts on every
+  device that holds a copy): how evenly a policy copy, or `jax.live_arrays()`, is spread."""
+  out: dict[jax.Device, int] = {d: 0 for d in jax.local_devices()}
+  for leaf in jax.tree.leaves(tree):
+    if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+      for shard in leaf.addressable_shards:
+        out[shard.device] = out.get(shard.device, 0) + shard.data.nbytes
+  return out
+
+
 _DISTRIBUTED_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")
 _LAUNCHER_SIZE_ENV = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
