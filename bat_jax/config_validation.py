@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 
 from ml_collections import ConfigDict
 
-from bat_jax import workflow
+from bat_jax import sharding, workflow
 from bat_jax.evaluator.generators import TIERS as EVALUATOR_TIERS
 from bat_jax.grpo import ADVANTAGE_ESTIMATORS
 from bat_jax.grpo.loss import validate_loss_config
@@ -197,6 +197,30 @@ def _check_training(ck: _Checker) -> None:
             "of an update (grpo.prompt_groups x grpo.group_size)")
 
 
+def batch_layout_problems(cfg: ConfigDict, hosts: int) -> list[str]:
+  """`sharding.batch_divisibility_problems` of the SFT and GRPO batches and micro-batches on the
+  config's mesh over `hosts` hosts, each named by its config fields."""
+  sft, grpo = cfg.sft, cfg.grpo
+  rows = grpo.prompt_groups * grpo.group_size
+  batches = {
+      "config.sft.global_batch_size": sft.global_batch_size,
+      "config.sft.global_batch_size / config.sft.micro_batches":
+          sft.global_batch_size // sft.micro_batches,
+      "config.grpo.prompt_groups x config.grpo.group_size": rows,
+      "config.grpo.prompt_groups x config.grpo.group_size / config.grpo.micro_batches":
+          rows // grpo.micro_batches}
+  mesh = sharding.mesh_shape_for_hosts(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, hosts)
+  return [f"{p} at hosts={hosts}" for p in
+          sharding.batch_divisibility_problems(mesh, tuple(cfg.sharding.rules), batches)]
+
+
+def _check_batch_layout(ck: _Checker) -> None:
+  if ck.errors:  # sizes or the mesh are already wrong: their own messages say so
+    return
+  hosts = ck.get("distributed.num_processes") if ck.get("distributed.enabled") else 1
+  ck.errors.extend(batch_layout_problems(ck.cfg, hosts or 1))
+
+
 def _check_grpo_loss(ck: _Checker) -> None:
   """The loss's own checks, plus the settings the loss needs from the rest of the run."""
   ck.one_of("grpo.kl_reference", KL_REFERENCES)
@@ -320,7 +344,7 @@ def field_problems(cfg: ConfigDict) -> list[str]:
   """Every problem the checks here find, as `config.<path>: <problem>` lines."""
   ck = _Checker(cfg)
   for section_check in (_check_numbers, _check_model, _check_tokenizer, _check_mesh,
-                        _check_training, _check_rollout, _check_services):
+                        _check_training, _check_rollout, _check_services, _check_batch_layout):
     try:
       section_check(ck)
     except KeyError as e:

@@ -241,6 +241,33 @@ def host_local(tree: Any) -> Any:
   return jax.tree.map(one, tree)
 
 
+def mesh_shape_for_hosts(data: int, fsdp: int, tensor: int, hosts: int = 1) -> dict[str, int]:
+  """The mesh a config's axis sizes give on `hosts` hosts: the -1 axis (the one that spans
+  hosts, `data` in the reference configs) is `hosts`, the others as given."""
+  if hosts < 1:
+    raise ValueError(f"hosts must be >= 1, got {hosts}")
+  return {a: hosts if s == -1 else s for a, s in zip(MESH_AXES, (data, fsdp, tensor))}
+
+
+def batch_divisibility_problems(mesh_shape: Mapping[str, int], rules: Rules,
+                                batches: Mapping[str, int]) -> list[str]:
+  """Batch dims that do not split over the mesh axes they are sharded on.
+
+  A batch's rows are placed over ("data", "fsdp") (`batch_sharding`) and its activations over
+  the axes the `batch` rule names; `logical_to_spec` would silently drop an axis that does not
+  divide (every device of it then holds the rows again). `batches` maps what a batch is (naming
+  its config fields) to its rows. Returns one message per batch that does not divide.
+  """
+  rule_axes = _rule_table(rules).get("batch")
+  rule_axes = (rule_axes,) if isinstance(rule_axes, str) else tuple(rule_axes or ())
+  axes = tuple(dict.fromkeys(("data", "fsdp", *rule_axes)))
+  ways = int(np.prod([mesh_shape[a] for a in axes]))
+  split = " x ".join(f"{a}={mesh_shape[a]}" for a in axes)
+  return [f"{what} = {rows} rows does not split over the {ways} devices it is sharded on "
+          f"({split}): it needs a multiple of {ways} rows"
+          for what, rows in batches.items() if rows % ways]
+
+
 def bytes_per_device(tree: Any) -> dict[jax.Device, int]:
   """Bytes of `tree`'s arrays on each of this process's devices (a replicated leaf counts on every
   device that holds a copy): how evenly a policy copy, or `jax.live_arrays()`, is spread."""
