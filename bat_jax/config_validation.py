@@ -270,7 +270,8 @@ def _check_rollout(ck: _Checker) -> None:
 
 def _check_sglang(ck: _Checker) -> None:
   ck.positive("rollout.sglang.tp_size", "rollout.sglang.dp_size",
-              "rollout.sglang.request_timeout_s", "rollout.sglang.startup_timeout_s")
+              "rollout.sglang.request_timeout_s", "rollout.sglang.startup_timeout_s",
+              "rollout.sglang.release_timeout_s")
   ck.that("rollout.sglang.max_retries", lambda v: isinstance(v, int) and v >= 0,
           "an integer >= 0")
   ck.fraction("rollout.sglang.mem_fraction_static", lo_open=True)

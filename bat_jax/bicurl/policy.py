@@ -36,6 +36,7 @@ from bat_jax.rollout import (AgentTurn, Completion, Engine, GenerateRequest, Jax
                              free_port)
 from bat_jax.io_utils import atomic_write_json
 from bat_jax.model.chat_format import ChatFormat
+from bat_jax.rollout import gpu_memory
 from bat_jax.rollout.worker import EngineWorker
 
 log = logging.getLogger(__name__)
@@ -110,12 +111,15 @@ class SGLangPolicyServer:
   """
 
   def __init__(self, model: nnx.Module, cfg: RunConfig, export_dir: Path,
-               tokenizer_dir: Path, log_path: Path, vision_source: Optional[Path] = None):
+               tokenizer_dir: Path, log_path: Path, vision_source: Optional[Path] = None,
+               gpu_probe: gpu_memory.Probe = gpu_memory.nvidia_smi_used_mib):
     self.export_dir, self.tokenizer_dir = Path(export_dir), Path(tokenizer_dir)
     self.process: Optional[ServerProcess] = None
     sg = cfg.rollout.sglang
     self.dtype, self.release_memory = sg.dtype, sg.release_memory
     self.vision_source = vision_source
+    self.release_timeout_s = sg.release_timeout_s
+    self.gpu_probe = gpu_probe
     self.memory_released = False
     if sg.launch:
       self._export(model, self.export_dir)
@@ -146,8 +150,11 @@ class SGLangPolicyServer:
 
   def rollouts_done(self) -> None:
     if self.release_memory and not self.memory_released:
+      before = self.gpu_probe()
       self.engine.release_memory()
       self.memory_released = True
+      # The step starts only once the freed memory shows as free (not when SGLang answers).
+      gpu_memory.wait_for_release(self.gpu_probe, before, timeout_s=self.release_timeout_s)
 
   def close(self) -> None:
     self.engine.close()
