@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 
 from bat_jax import sharding
-from bat_jax.bicurl import loop, setup
+from bat_jax.bicurl import loop, multihost, setup
 from bat_jax.bicurl.grpo_round import (grpo_trainer, logprob_pass_config, optimizer_config,
                                        run_mesh, step_config)
 from bat_jax.checkpointing import export_hf
@@ -44,11 +44,15 @@ SMALL_WIDTHS = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
 SEQ = 32
 
 
-def phase_config(widths: dict, *, fsdp: int = 8, batch: int = 8) -> RunConfig:
-  """`tiny:smoke` on a `(1, fsdp, 1)` mesh at `widths`, vocab 1,024, untied head."""
+def phase_config(widths: dict, *, fsdp: int = 8, batch: int = 8, hosts: int = 1) -> RunConfig:
+  """`tiny:smoke` at `widths` (vocab 1,024, untied head) on a `(hosts, fsdp, 1)` mesh: params
+  split over the fsdp devices of a host, `data` across hosts (the reference layout)."""
   overrides = {f"model__hf_config__{k}": v for k, v in widths.items()}
+  if hosts > 1:
+    overrides.update(distributed__enabled=True, distributed__num_processes=hosts)
   return RunConfig.from_config(fast_config(
-      mesh__data=1, mesh__fsdp=fsdp, mesh__tensor=1, model__hf_config__tie_word_embeddings=False,
+      mesh__data=-1 if hosts > 1 else 1, mesh__fsdp=fsdp, mesh__tensor=1,
+      model__hf_config__tie_word_embeddings=False,
       sft__global_batch_size=batch, sft__micro_batches=1, grpo__micro_batches=1,
       grpo__prompt_groups=batch // 2, grpo__group_size=2, grpo__kl_coef=0.01,
       trainer__reference_dtype="bfloat16", **overrides))
@@ -117,6 +121,7 @@ def run_phases(cfg: RunConfig, workdir: Path, load_policy=setup.load_policy, *,
   record("sft", policy=nnx.state(model, nnx.Param))
 
   export_hf(model, workdir / "policy_sft", max_shard_bytes=policy_bytes // 3)
+  multihost.barrier("sft exported")  # as the loop: process 0 wrote it, all load it
   record("evaluation export", policy=nnx.state(model, nnx.Param))
   del model
 
@@ -138,18 +143,19 @@ def run_phases(cfg: RunConfig, workdir: Path, load_policy=setup.load_policy, *,
          moments=state.opt_state)
 
   export_hf(start, workdir / "policy_round", dtype="bfloat16", max_shard_bytes=policy_bytes // 6)
+  multihost.barrier("round exported")
   record("rollout export (bf16)", sft=sft_params, policy=state.params, reference=ref)
   files = {name: sorted(p.name for p in (workdir / name).iterdir())
            for name in ("policy_sft", "policy_round")}
   return {"phases": record.phases, "policy_bytes": int(policy_bytes), "files": files,
-          "mesh_devices": int(mesh.size)}
+          "param_ways": int(mesh.size // mesh.shape["data"]), "process": jax.process_index()}
 
 
 def imbalance(figures: dict, copy_bytes_of: dict[str, float]) -> list[str]:
-  """What breaks "each device holds within 10% of 1/n of each policy copy" (n = all devices
-  of the mesh) and "no device holds more live bytes than the mean plus 10% of 1/n of a policy";
-  empty when everything holds."""
-  n = figures["mesh_devices"]
+  """What breaks "each device holds within 10% of 1/n of each policy copy" (n = the devices a
+  copy is split over: fsdp x tensor; `data` replicates) and "no device holds more live bytes
+  than the mean plus 10% of 1/n of a policy"; empty when everything holds."""
+  n = figures["param_ways"]
   share = figures["policy_bytes"] / n
   errors = []
   for phase in figures["phases"]:

@@ -9,6 +9,11 @@ one runs in the default suite.
 """
 
 import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -21,6 +26,8 @@ from bat_jax.model import load_pretrained
 from sharded_loop import NINE_B_WIDTHS, SMALL_WIDTHS, imbalance, phase_config, run_phases
 
 MIB = 2**20
+DRIVER = pathlib.Path(__file__).with_name("drive_sharded_loop.py")
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _copy_bytes(policy_bytes: int) -> dict:
@@ -86,3 +93,36 @@ def test_9b_widths_every_phase_keeps_each_policy_copy_split_over_8_devices(tmp_p
         "device per copy; live per device by phase: "
         + "; ".join(f"{p['phase']}: {max(p['live'].values()) / MIB:.0f} MiB"
                     for p in figures["phases"]))
+
+
+def _run_two_hosts(tmp_path, *extra) -> list[dict]:
+  env = {**os.environ, "PYTHONPATH": str(ROOT),
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
+                      "--xla_backend_optimization_level=0"}
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  procs = [subprocess.Popen([sys.executable, str(DRIVER), str(tmp_path), str(pid), str(port),
+                             *extra], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT) for pid in (0, 1)]
+  outputs = [p.communicate(timeout=1500)[0].decode(errors="replace") for p in procs]
+  for pid, (p, out) in enumerate(zip(procs, outputs)):
+    assert p.returncode == 0 and f"process {pid} done" in out, out[-4000:]
+  return [json.loads((tmp_path / f"figures_p{pid}.json").read_text()) for pid in (0, 1)]
+
+
+@pytest.mark.slow  # two jax.distributed processes of 8 fake devices each
+def test_two_hosts_keep_each_policy_copy_split_over_each_hosts_8_devices(tmp_path):
+  figures = _run_two_hosts(tmp_path)
+  for f in figures:
+    assert f["param_ways"] == 8  # data 2 (the hosts) x fsdp 8
+    assert imbalance(f, _copy_bytes(f["policy_bytes"])) == [], f["process"]
+  _check(figures[0], tmp_path, train=False)
+  assert figures[0]["phases"][0]["copies"]["policy"].keys() != figures[1]["phases"][0][
+      "copies"]["policy"].keys()  # each process measured its own 8 devices
+
+
+@pytest.mark.slow  # the same with the SFT and GRPO steps compiled in both processes
+def test_two_hosts_trained_loop_keeps_each_policy_copy_split(tmp_path):
+  for f in _run_two_hosts(tmp_path, "train"):
+    assert imbalance(f, _copy_bytes(f["policy_bytes"])) == [], f["process"]
