@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 
@@ -225,9 +224,18 @@ class Checkpointer:
     self.close()
 
 
+# Rollout exports go out in files of at most this many bytes (+ an index), written one at a time.
+EXPORT_SHARD_BYTES = 2 * 2**30
+
+
 def export_hf(model: nnx.Module, path: Union[str, Path], *, params: Any = None,
-              tokenizer_dir: Optional[Union[str, Path]] = None, dtype: Any = None) -> Path:
+              tokenizer_dir: Optional[Union[str, Path]] = None, dtype: Any = None,
+              vision_source: Optional[Union[str, Path]] = None,
+              max_shard_bytes: int = EXPORT_SHARD_BYTES) -> Path:
   """Writes HF safetensors + config.json for the rollout server, atomically.
+
+  Params are written from their shards, one leaf at a time, each shard cast to `dtype` on the
+  host (`bat_jax.model.save_pretrained`): no cast copy and no gathered tree on any device.
 
   Args:
     model: the policy module (its graph and non-param state are used).
@@ -238,29 +246,29 @@ def export_hf(model: nnx.Module, path: Union[str, Path], *, params: Any = None,
     dtype: weights' storage dtype on disk (e.g. "bfloat16" for SGLang, which maps a float32
       config.json to float16 under `--dtype auto`); config.json's `dtype` says the same. None
       keeps the param dtype. The fp32 master weights stay in the orbax checkpoint.
+    vision_source: the pretrained checkpoint whose vision tower and preprocessor files a
+      multimodal (`qwen3_5`) export carries (SGLang serves Qwen3.5 only as
+      `Qwen3_5ForConditionalGeneration`, which builds them).
+    max_shard_bytes: the largest safetensors file (more files get an index).
 
   Returns:
     The destination path.
   """
   from bat_jax.model import save_pretrained  # the model package owns the HF layout
 
-  if params is not None or dtype is not None:
-    graphdef, state, rest = nnx.split(model, nnx.Param, ...)
-    state = state if params is None else params
-    if dtype is not None:
-      state = jax.tree.map(lambda x: x.astype(dtype), state)
-    model = nnx.merge(graphdef, state, rest)  # a new module: the caller's is not modified
-    if dtype is not None:  # config.json's "dtype" follows param_dtype
-      model.config = dataclasses.replace(model.config, param_dtype=jnp.dtype(dtype))
+  if params is not None:
+    graphdef, _, rest = nnx.split(model, nnx.Param, ...)
+    model = nnx.merge(graphdef, params, rest)  # a new module: the caller's is not modified
+  save = lambda d: save_pretrained(model, d, tokenizer_dir=tokenizer_dir, dtype=dtype,
+                                   vision_source=vision_source, max_shard_bytes=max_shard_bytes)
   path = Path(path).absolute()
   if jax.process_index() != 0:
-    # Multi-host: every process joins the param gather inside save_pretrained; only 0 writes.
-    save_pretrained(model, path, tokenizer_dir=tokenizer_dir)
+    save(path)  # multi-host: every process joins each leaf's spread; only process 0 writes
     return path
   path.parent.mkdir(parents=True, exist_ok=True)
   staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
   try:
-    save_pretrained(model, staging, tokenizer_dir=tokenizer_dir)
+    save(staging)
     io_utils.fsync_tree(staging)
     old = None
     if path.exists():

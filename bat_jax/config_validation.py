@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 
 from ml_collections import ConfigDict
 
-from bat_jax import config_bounds, workflow
+from bat_jax import config_bounds, sharding, workflow
 from bat_jax.curriculum import CurriculumConfig
 from bat_jax.evaluator.evaluate import EvalSettings
 from bat_jax.evaluator.external import ExternalEvaluator
@@ -208,6 +208,30 @@ def _check_training(ck: _Checker) -> None:
             "of an update (grpo.prompt_groups x grpo.group_size)")
 
 
+def batch_layout_problems(cfg: ConfigDict, hosts: int) -> list[str]:
+  """`sharding.batch_divisibility_problems` of the SFT and GRPO batches and micro-batches on the
+  config's mesh over `hosts` hosts, each named by its config fields."""
+  sft, grpo = cfg.sft, cfg.grpo
+  rows = grpo.prompt_groups * grpo.group_size
+  batches = {
+      "config.sft.global_batch_size": sft.global_batch_size,
+      "config.sft.global_batch_size / config.sft.micro_batches":
+          sft.global_batch_size // sft.micro_batches,
+      "config.grpo.prompt_groups x config.grpo.group_size": rows,
+      "config.grpo.prompt_groups x config.grpo.group_size / config.grpo.micro_batches":
+          rows // grpo.micro_batches}
+  mesh = sharding.mesh_shape_for_hosts(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, hosts)
+  return [f"{p} at hosts={hosts}" for p in
+          sharding.batch_divisibility_problems(mesh, tuple(cfg.sharding.rules), batches)]
+
+
+def _check_batch_layout(ck: _Checker) -> None:
+  if ck.errors:  # sizes or the mesh are already wrong: their own messages say so
+    return
+  hosts = ck.get("distributed.num_processes") if ck.get("distributed.enabled") else 1
+  ck.errors.extend(batch_layout_problems(ck.cfg, hosts or 1))
+
+
 def _check_grpo_loss(ck: _Checker) -> None:
   """The loss's own checks, plus the settings the loss needs from the rest of the run."""
   ck.one_of("grpo.kl_reference", KL_REFERENCES)
@@ -257,7 +281,8 @@ def _check_rollout(ck: _Checker) -> None:
 
 def _check_sglang(ck: _Checker) -> None:
   ck.positive("rollout.sglang.tp_size", "rollout.sglang.dp_size",
-              "rollout.sglang.request_timeout_s", "rollout.sglang.startup_timeout_s")
+              "rollout.sglang.request_timeout_s", "rollout.sglang.startup_timeout_s",
+              "rollout.sglang.release_timeout_s")
   ck.that("rollout.sglang.max_retries", lambda v: isinstance(v, int) and v >= 0,
           "an integer >= 0")
   ck.fraction("rollout.sglang.mem_fraction_static", lo_open=True)
@@ -331,7 +356,7 @@ def field_problems(cfg: ConfigDict) -> list[str]:
   """Every problem the checks here find, as `config.<path>: <problem>` lines."""
   ck = _Checker(cfg)
   for section_check in (_check_numbers, _check_model, _check_tokenizer, _check_mesh,
-                        _check_training, _check_rollout, _check_services):
+                        _check_training, _check_rollout, _check_services, _check_batch_layout):
     try:
       section_check(ck)
     except KeyError as e:

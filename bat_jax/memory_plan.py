@@ -205,24 +205,6 @@ def _compile_programs(cfg, abstract, mesh, shapes: dict[str, tuple[int, int]], w
   return sft, grpo, (ref if kl else None), seconds
 
 
-def batch_layout_errors(cfg, devices: int) -> list[str]:
-  """Why a batch dimension would not split over the mesh axes it is sharded on ("batch" ->
-  data x fsdp, all of them on `devices` devices): a micro-batch that does not divide silently
-  loses the fsdp axis (`sharding.logical_to_spec` drops it), so each device holds more rows
-  than planned. (Plan-side check; bat_jax.sharding's divisibility check from issue 25 item 2
-  replaces this once it lands.)"""
-  axes = devices // max(cfg.mesh.tensor, 1)   # "batch" rows split over data x fsdp
-  errors = []
-  for name, rows in (("sft", cfg.sft.global_batch_size),
-                     ("grpo", cfg.grpo.prompt_groups * cfg.grpo.group_size)):
-    micro = rows // getattr(cfg, name).micro_batches
-    if micro % axes:
-      errors.append(f"config.{name}: a micro-batch of {micro} rows ({rows} rows / "
-                    f"{name}.micro_batches={getattr(cfg, name).micro_batches}) does not split "
-                    f"over the {axes} devices of mesh data x fsdp")
-  return errors
-
-
 def plan(cfg, num_layers: Optional[int] = None, workers: int = 1) -> dict[str, Any]:
   """Compiles the run's programs abstractly (`workers` compiles at a time) and returns the
   per-device plan (bytes): state, programs, and the loop's phases (`bat_jax.memory_phases`)."""
@@ -326,7 +308,8 @@ def main(argv, held: PlanFlags) -> int:
   cfg = held.config.value
   hosts = held.hosts.value or cfg.distributed.num_processes or 1
   devices = plan_devices(cfg, hosts)
-  errors = batch_layout_errors(cfg, devices)
+  from bat_jax.config_validation import batch_layout_problems
+  errors = batch_layout_problems(cfg, hosts)
   if errors:
     print(f"memory plan refused ({hosts} host(s), {devices} devices):\n  " + "\n  ".join(errors),
           file=sys.stderr)

@@ -19,6 +19,7 @@ import contextvars
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -200,6 +201,89 @@ def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
+
+
+def _host_major_mesh() -> Mesh:
+  """A `("hosts", "local")` mesh over every device, one row per process (in process order)."""
+  rows = [sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
+          for p in range(jax.process_count())]
+  return Mesh(np.asarray(rows, dtype=object), ("hosts", "local"))
+
+
+def _local_spec(x: jax.Array, local: int) -> PartitionSpec:
+  """The spec that splits `x` over a host's devices: the first dim its own spec shards that
+  divides by the local device count, else the first dim that does; replicated when none does."""
+  spec = tuple(x.sharding.spec) if isinstance(x.sharding, NamedSharding) else ()
+  dims = [d for d, s in enumerate(spec) if s is not None] + list(range(x.ndim))
+  for d in dims:
+    if x.shape[d] % local == 0:
+      return PartitionSpec(*([None] * d), "local")
+  return PartitionSpec()
+
+
+def host_local(tree: Any) -> Any:
+  """This process's own copy of a (possibly multi-host) array tree, sharded over its local
+  devices, e.g. for an in-process rollout engine; the tree itself with one process.
+
+  Each leaf is resharded once onto a `("hosts", "local")` mesh (replicated over hosts, split
+  over each host's devices) and the process keeps its addressable shards as a process-local
+  array: no leaf is ever gathered whole onto one device (a host's devices each hold 1/local).
+  Every process must call this (the reshard is a collective).
+  """
+  if jax.process_count() == 1:
+    return tree
+  mesh = _host_major_mesh()
+  local_devices = list(mesh.devices[jax.process_index()])
+  local_mesh = Mesh(np.asarray(local_devices, dtype=object), ("local",))
+
+  def one(x):
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+      return x
+    spec = _local_spec(x, len(local_devices))
+    spread = jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, spec))(x)
+    by_device = {s.device: s.data for s in spread.addressable_shards}
+    return jax.make_array_from_single_device_arrays(
+        x.shape, NamedSharding(local_mesh, spec), [by_device[d] for d in local_devices])
+
+  return jax.tree.map(one, tree)
+
+
+def mesh_shape_for_hosts(data: int, fsdp: int, tensor: int, hosts: int = 1) -> dict[str, int]:
+  """The mesh a config's axis sizes give on `hosts` hosts: the -1 axis (the one that spans
+  hosts, `data` in the reference configs) is `hosts`, the others as given."""
+  if hosts < 1:
+    raise ValueError(f"hosts must be >= 1, got {hosts}")
+  return {a: hosts if s == -1 else s for a, s in zip(MESH_AXES, (data, fsdp, tensor))}
+
+
+def batch_divisibility_problems(mesh_shape: Mapping[str, int], rules: Rules,
+                                batches: Mapping[str, int]) -> list[str]:
+  """Batch dims that do not split over the mesh axes they are sharded on.
+
+  A batch's rows are placed over ("data", "fsdp") (`batch_sharding`) and its activations over
+  the axes the `batch` rule names; `logical_to_spec` would silently drop an axis that does not
+  divide (every device of it then holds the rows again). `batches` maps what a batch is (naming
+  its config fields) to its rows. Returns one message per batch that does not divide.
+  """
+  rule_axes = _rule_table(rules).get("batch")
+  rule_axes = (rule_axes,) if isinstance(rule_axes, str) else tuple(rule_axes or ())
+  axes = tuple(dict.fromkeys(("data", "fsdp", *rule_axes)))
+  ways = int(np.prod([mesh_shape[a] for a in axes]))
+  split = " x ".join(f"{a}={mesh_shape[a]}" for a in axes)
+  return [f"{what} = {rows} rows does not split over the {ways} devices it is sharded on "
+          f"({split}): it needs a multiple of {ways} rows"
+          for what, rows in batches.items() if rows % ways]
+
+
+def bytes_per_device(tree: Any) -> dict[jax.Device, int]:
+  """Bytes of `tree`'s arrays on each of this process's devices (a replicated leaf counts on every
+  device that holds a copy): how evenly a policy copy, or `jax.live_arrays()`, is spread."""
+  out: dict[jax.Device, int] = {d: 0 for d in jax.local_devices()}
+  for leaf in jax.tree.leaves(tree):
+    if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+      for shard in leaf.addressable_shards:
+        out[shard.device] = out.get(shard.device, 0) + shard.data.nbytes
+  return out
 
 
 _DISTRIBUTED_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")

@@ -259,6 +259,7 @@ def rollout_config() -> ml_collections.ConfigDict:
   # Free the server's weights + KV (/release_memory_occupation) for each train step and take
   # them back (/resume_memory_occupation) before the weight sync; adds --enable-memory-saver.
   s.sglang.release_memory = False
+  s.sglang.release_timeout_s = 120.0  # until the released memory shows as free on the GPUs
   s.sglang.tp_size = 1
   s.sglang.dp_size = 8
   s.sglang.extra_args = ()       # more launch flags, e.g. ("--num-slots", "8")

@@ -59,5 +59,11 @@ def get_reference_config(size: str, arg: Optional[str] = None) -> ml_collections
   c.rollout.sglang.mem_fraction_static = 0.6
   c.rollout.sglang.tp_size = 1
   c.rollout.sglang.dp_size = 8
+  # A micro-batch must split over all hosts x 8 GPUs (`data` x `fsdp`; config validation refuses
+  # one that does not): on N hosts the accumulation steps shrink N-fold, so each GPU still takes
+  # one row per micro-batch and the global batch stays the recipe's.
+  for section in (c.sft, c.grpo):
+    if section.micro_batches % arg.hosts == 0:
+      section.micro_batches //= arg.hosts
   c.lock()
   return c

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from bat_jax import memory_phases, memory_plan
+from bat_jax.config_validation import batch_layout_problems
 from bat_jax.train import trainer as trainer_module
 from configs import bat4b, bat9b, tiny
 
@@ -132,11 +133,12 @@ def test_each_phase_counts_what_the_loop_holds_and_the_released_server():
 
 def test_hosts_plan_refuses_a_micro_batch_that_does_not_split():
   cfg = bat9b.get_config()
-  assert memory_plan.plan_devices(cfg) == 8 and memory_plan.batch_layout_errors(cfg, 8) == []
+  assert memory_plan.plan_devices(cfg) == 8 and batch_layout_problems(cfg, 1) == []
   devices = memory_plan.plan_devices(cfg, hosts=2)
-  errors = memory_plan.batch_layout_errors(cfg, devices)
+  errors = batch_layout_problems(cfg, 2)
   assert devices == 16 and len(errors) == 2, errors
-  assert "config.grpo: a micro-batch of 8 rows" in errors[1] and "16 devices" in errors[1]
+  assert ("config.grpo.prompt_groups x config.grpo.group_size / config.grpo.micro_batches = 8 "
+          "rows does not split over the 16 devices") in errors[1]
   assert memory_plan.plan_devices(bat9b.get_config("hosts=2")) == 8  # the flag decides
 
 
@@ -182,4 +184,4 @@ def test_cli_hosts_refuses_the_bat9b_micro_batch_on_two_hosts(tmp_path):
   proc, result = _run_plan("configs/bat9b.py", tmp_path, "--hosts=2")
   assert proc.returncode == 2 and result == {}, proc.stderr[-2000:]
   assert "memory plan refused (2 host(s), 16 devices)" in proc.stderr
-  assert "config.grpo: a micro-batch of 8 rows" in proc.stderr
+  assert "config.grpo.micro_batches = 8 rows does not split over the 16 devices" in proc.stderr

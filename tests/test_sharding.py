@@ -127,3 +127,32 @@ def test_activation_constraints_split_the_residual_stream_by_batch():
 def test_maybe_initialize_distributed_is_noop_single_process():
   assert sharding.maybe_initialize_distributed(env={}) is False
   assert sharding.maybe_initialize_distributed(env={"SLURM_NTASKS": "1"}) is False
+
+
+def test_mesh_for_hosts_puts_the_hosts_on_the_minus_one_axis():
+  assert sharding.mesh_shape_for_hosts(-1, 8, 1, hosts=2) == {"data": 2, "fsdp": 8, "tensor": 1}
+  assert sharding.mesh_shape_for_hosts(1, 4, 2, hosts=3) == {"data": 1, "fsdp": 4, "tensor": 2}
+  with pytest.raises(ValueError, match="hosts"):
+    sharding.mesh_shape_for_hosts(-1, 8, 1, hosts=0)
+
+
+def test_batch_divisibility_names_each_batch_that_would_lose_an_axis():
+  mesh = {"data": 2, "fsdp": 8, "tensor": 1}
+  batches = {"config.sft.global_batch_size / config.sft.micro_batches": 8, "whole batch": 32}
+  problems = sharding.batch_divisibility_problems(mesh, sharding.DEFAULT_RULES, batches)
+  assert len(problems) == 1
+  assert problems[0].startswith("config.sft.global_batch_size / config.sft.micro_batches = 8 rows")
+  assert "16 devices" in problems[0] and "data=2 x fsdp=8" in problems[0]
+  # The `batch` rule's own axes count too: a batch over tensor as well needs 32 rows.
+  rules = (("batch", ("data", "fsdp", "tensor")),) + sharding.DEFAULT_RULES
+  wide = {"data": 2, "fsdp": 8, "tensor": 2}
+  assert sharding.batch_divisibility_problems(wide, rules, {"b": 16}) != []
+  assert sharding.batch_divisibility_problems(wide, rules, {"b": 32}) == []
+  # ...which is exactly the axis logical_to_spec would drop silently.
+  assert sharding.logical_to_spec(("batch",), sharding.DEFAULT_RULES, shape=(8,),
+                                  mesh=_FakeMesh(mesh)) == jax.sharding.PartitionSpec("data")
+
+
+class _FakeMesh:
+  def __init__(self, shape):
+    self.shape = shape

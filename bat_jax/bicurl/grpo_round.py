@@ -207,10 +207,10 @@ class GrpoRound:
         sampling=cfg.rollout.sampling, limits=cfg.rollout.limits)
 
   def serve(self, params: Any, step: int) -> None:
-    acting = nnx.merge(self.trainer.graphdef, placement.local_copy(params), self.trainer.rest)
-    version = f"{round_dirname(self.round_index)}-step{step}"
-    # Multi-host SGLang: process 0 exports to the shared directory before the others load it.
-    multihost.primary_first(f"serve {version}", lambda: self.server.load(acting, version))
+    # The sharded train-state params themselves: every process calls `load` (multi-host, the
+    # in-process engine takes its host's own copy, an export joins each leaf's spread).
+    acting = nnx.merge(self.trainer.graphdef, params, self.trainer.rest)
+    self.server.load(acting, f"{round_dirname(self.round_index)}-step{step}")
     self.server.reseed(derive_seed("rollout", self.cfg.seed, self.round_index, step) & 0x7FFFFFFF)
 
   def prepare(self, trajectories: list[Trajectory], params: Any
@@ -245,6 +245,6 @@ class GrpoRound:
                                             num_epochs=math.ceil(steps / probe.n_batches)))
     state = self.trainer.fit(self.checkpoint_dir, steps, source,
                              lambda: nnx.state(self.model, nnx.Param), on_step)
-    nnx.update(self.model, placement.local_copy(state.params))  # multi-host: for the export
+    nnx.update(self.model, state.params)  # sharded as trained; the export reads the shards
     healthy = all(r["skipped_now"] == 0 for r in source.history)
     return RoundOutcome(steps=source.history, seconds=source.seconds, healthy=healthy)

@@ -30,7 +30,7 @@ from flax import nnx
 from tensorboardX import SummaryWriter
 
 from bat_jax.run_config import RunConfig
-from bat_jax import curriculum, gate
+from bat_jax import curriculum, gate, sharding
 from bat_jax.bicurl import bank as bank_lib
 from bat_jax.bicurl import multihost, setup
 from bat_jax.bicurl.grpo_round import (GrpoRound, bucket_length, optimizer_config, run_mesh,
@@ -141,17 +141,17 @@ def _cold_start(cfg: RunConfig, paths: RunPaths, chat_format: ChatFormat,
 
   run_sft(model, train, sft_cfg, paths.sft_checkpoints, mesh=mesh,
           rules=tuple(cfg.sharding.rules), make_params=make_params, on_step=on_step)
-  nnx.update(model, placement.local_copy(nnx.state(model, nnx.Param)))
-  bar.close()
+  bar.close()  # `model` holds the trained params on their shards (never gathered)
   nll = _validation_nll(model, validation, max_len=max_len, pad_id=chat_format.endoftext_id,
-                        chunk_size=cfg.grpo.logprob_chunk_size)
+                        chunk_size=cfg.grpo.logprob_chunk_size, mesh=mesh)
   log.info("SFT: validation NLL per target token %s", nll)
   return model, nll
 
 
 def _validation_nll(model: nnx.Module, examples: list, *, max_len: int, pad_id: int,
-                    chunk_size: int) -> Optional[float]:
-  """Mean NLL per target token of held-out SFT examples (None when there are none)."""
+                    chunk_size: int, mesh: jax.sharding.Mesh) -> Optional[float]:
+  """Mean NLL per target token of held-out SFT examples (None when there are none), with the
+  params on their shards of `mesh` and each example replicated over it."""
   if not examples:
     return None
   graphdef, params, rest = split_model(model)
@@ -165,7 +165,9 @@ def _validation_nll(model: nnx.Module, examples: list, *, max_len: int, pad_id: 
   total = tokens = 0.0
   for ids, mask in examples:
     padded = pad_example(ids, mask, max_len=max_len, pad_id=pad_id)
-    numerator, denominator = nll(params, {k: v[None] for k, v in padded.items()})
+    batch = placement.place({k: v[None] for k, v in padded.items()},
+                            {k: sharding.replicated(mesh) for k in padded})
+    numerator, denominator = nll(params, batch)
     total, tokens = total + float(numerator), tokens + float(denominator)
   return total / tokens
 
@@ -178,10 +180,10 @@ def _evaluate(cfg: RunConfig, state: OuterState, paths: RunPaths,
   read its cached report."""
   with state.timed("evaluation"):
     multihost.barrier(f"evaluate {name}: exported")
+    if not paths.eval_report(name).is_file():
+      server.load(model, name)  # every process: loading joins collectives over the shards
     if not multihost.is_primary():
       multihost.barrier(f"evaluate {name}: done")
-    if not paths.eval_report(name).is_file():
-      server.load(model, name)
     bar = tracker.bar(0, f"evaluate {name}")
 
     def progress(done: int, total: int, record: dict) -> None:
@@ -284,11 +286,13 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any
     if not state.sft_done:
       with state.timed("sft"):
         model, state.sft_validation_nll = _cold_start(cfg, paths, chat_format, tracker)
-      export_hf(model, paths.policy("sft"), tokenizer_dir=tokenizer_dir)
+      export_hf(model, paths.policy("sft"), tokenizer_dir=tokenizer_dir,
+                vision_source=setup.vision_source(cfg))
       state.sft_done, state.baseline = True, "sft"
       _save(state, paths)
     multihost.barrier("sft exported")
-    sft_model = setup.load_policy(cfg, paths.policy("sft"))
+    mesh = run_mesh(cfg)
+    sft_model = setup.load_policy(cfg, paths.policy("sft"), mesh)
     ref_params = nnx.state(sft_model, nnx.Param)
     server = make_policy_server(sft_model, cfg, paths.workdir, tokenizer_dir)
 
@@ -314,7 +318,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any
 
       # ---------------------------------------------------------------- GRPO
       start_name = state.baseline
-      model = with_attention_impl(setup.load_policy(cfg, paths.policy(start_name)),
+      model = with_attention_impl(setup.load_policy(cfg, paths.policy(start_name), mesh),
                                   cfg.model.attention_impl)
       workspaces = paths.workdir / "rollouts" / round_dirname(r)
       grpo = GrpoRound(cfg, r, model, ref_params, server, chat_format, paths.round_checkpoints(r),
@@ -333,7 +337,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any
 
       # ---------------------------------------------------------------- export + evaluate
       name = round_dirname(r)
-      export_hf(model, paths.policy(name), tokenizer_dir=tokenizer_dir)
+      export_hf(model, paths.policy(name), tokenizer_dir=tokenizer_dir,
+                vision_source=setup.vision_source(cfg))
       candidate_report = _evaluate(cfg, state, paths, server, chat_format, model, name,
                                    r + 1, tracker)
 

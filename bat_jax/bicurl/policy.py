@@ -24,6 +24,8 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 from flax import nnx
 
 from bat_jax.run_config import RunConfig
+from bat_jax import sharding
+from bat_jax.bicurl import multihost, setup
 from bat_jax.checkpointing import export_hf
 from bat_jax.evaluator import runner
 from bat_jax.evaluator.aggregation import require_complete
@@ -34,6 +36,7 @@ from bat_jax.rollout import (AgentTurn, Completion, Engine, GenerateRequest, Jax
                              free_port)
 from bat_jax.io_utils import atomic_write_json
 from bat_jax.model.chat_format import ChatFormat
+from bat_jax.rollout import gpu_memory
 from bat_jax.rollout.worker import EngineWorker
 
 log = logging.getLogger(__name__)
@@ -57,16 +60,23 @@ class PolicyServer(Protocol):
     ...
 
 
+def _host_model(model: nnx.Module) -> nnx.Module:
+  """`model` with this host's own copy of its state (`sharding.host_local`: split over the
+  host's devices, never gathered onto one); `model` itself with one process."""
+  graphdef, state = nnx.split(model)
+  return nnx.merge(graphdef, sharding.host_local(state))
+
+
 class JaxPolicyServer:
   """The in-process JAX engine (`rollout.jax`)."""
 
   def __init__(self, model: nnx.Module, cfg: RunConfig):
-    self.engine = JaxEngine(model, JaxEngineConfig(
+    self.engine = JaxEngine(_host_model(model), JaxEngineConfig(
         num_slots=cfg.rollout.jax.batch_size, max_len=cfg.rollout.jax.max_len,
         prefill_chunk=cfg.rollout.jax.prefill_chunk, seed=cfg.seed))
 
   def load(self, model: nnx.Module, version: str) -> None:
-    self.engine.update_params(model, version)
+    self.engine.update_params(_host_model(model), version)
 
   def reseed(self, seed: int) -> None:
     self.engine.reseed(seed)
@@ -101,11 +111,15 @@ class SGLangPolicyServer:
   """
 
   def __init__(self, model: nnx.Module, cfg: RunConfig, export_dir: Path,
-               tokenizer_dir: Path, log_path: Path):
+               tokenizer_dir: Path, log_path: Path, vision_source: Optional[Path] = None,
+               gpu_probe: gpu_memory.Probe = gpu_memory.nvidia_smi_used_mib):
     self.export_dir, self.tokenizer_dir = Path(export_dir), Path(tokenizer_dir)
     self.process: Optional[ServerProcess] = None
     sg = cfg.rollout.sglang
     self.dtype, self.release_memory = sg.dtype, sg.release_memory
+    self.vision_source = vision_source
+    self.release_timeout_s = sg.release_timeout_s
+    self.gpu_probe = gpu_probe
     self.memory_released = False
     if sg.launch:
       self._export(model, self.export_dir)
@@ -119,7 +133,11 @@ class SGLangPolicyServer:
                                retry=RetryPolicy(max_retries=sg.max_retries))
 
   def _export(self, model: nnx.Module, directory: Path) -> None:
-    export_hf(model, directory, tokenizer_dir=self.tokenizer_dir, dtype=self.dtype)
+    # Every process joins (a leaf spanning hosts is spread over each host's devices); process 0
+    # writes, and no server loads the directory before it is complete.
+    export_hf(model, directory, tokenizer_dir=self.tokenizer_dir, dtype=self.dtype,
+              vision_source=self.vision_source)
+    multihost.barrier(f"exported {directory}")
 
   def load(self, model: nnx.Module, version: str) -> None:
     if self.memory_released:  # weights must be resident again before they are replaced
@@ -132,8 +150,11 @@ class SGLangPolicyServer:
 
   def rollouts_done(self) -> None:
     if self.release_memory and not self.memory_released:
+      before = self.gpu_probe()
       self.engine.release_memory()
       self.memory_released = True
+      # The step starts only once the freed memory shows as free (not when SGLang answers).
+      gpu_memory.wait_for_release(self.gpu_probe, before, timeout_s=self.release_timeout_s)
 
   def close(self) -> None:
     self.engine.close()
@@ -146,7 +167,7 @@ def make_policy_server(model: nnx.Module, cfg: RunConfig, workdir: Path,
   if cfg.rollout.engine == "jax":
     return JaxPolicyServer(model, cfg)
   return SGLangPolicyServer(model, cfg, workdir / "sglang_weights", tokenizer_dir,
-                            workdir / "logs" / "sglang.log")
+                            workdir / "logs" / "sglang.log", setup.vision_source(cfg))
 
 
 # --- evaluation --------------------------------------------------------------------------------

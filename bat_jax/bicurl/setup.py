@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -104,10 +105,23 @@ def initial_model(cfg: RunConfig) -> nnx.Module:
   return load_pretrained(cfg.model.path, dtype=dtype, param_dtype=param_dtype)
 
 
-def load_policy(cfg: RunConfig, policy_dir: Path) -> nnx.Module:
-  """An exported policy (HF safetensors) with the run's dtypes."""
+def load_policy(cfg: RunConfig, policy_dir: Path, mesh: jax.sharding.Mesh) -> nnx.Module:
+  """An exported policy (HF safetensors) with the run's dtypes, each param read slice by slice
+  straight onto its shards of `mesh` under `sharding.rules` (the SFT policy and every round's
+  start live sharded: never a whole copy on one device)."""
   dtype, param_dtype = model_dtypes(cfg)
-  return load_pretrained(policy_dir, dtype=dtype, param_dtype=param_dtype)
+  return load_pretrained(policy_dir, dtype=dtype, param_dtype=param_dtype, mesh=mesh,
+                         rules=tuple(cfg.sharding.rules))
+
+
+def vision_source(cfg: RunConfig) -> Path | None:
+  """The checkpoint whose vision tower a multimodal policy's exports carry (None for a text-only
+  or from-scratch policy): SGLang 0.5.23 serves Qwen3.5 only as the multimodal
+  `Qwen3_5ForConditionalGeneration`, which builds the tower and its processor."""
+  if cfg.model.source == "scratch":
+    return None
+  path = Path(cfg.model.path)
+  return path if ModelConfig.from_pretrained_dir(path).is_multimodal_layout else None
 
 
 # --- cold-start SFT examples -------------------------------------------------------------------

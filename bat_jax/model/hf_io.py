@@ -18,10 +18,11 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
@@ -97,23 +98,33 @@ def _param_paths(model: CausalLM) -> dict[tuple, nnx.Variable]:
   return {tuple(path): var for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
-def hf_state_dict(model: CausalLM) -> dict[str, np.ndarray]:
-  """All params as host numpy arrays under their HF names (param dtype).
+def host_value(value: jax.Array, dtype=None) -> np.ndarray:
+  """One param on this host as numpy in `dtype` (default: its own), assembled from this
+  process's shards, each cast on the host as it arrives: no device-side cast, no gather onto
+  one device. A leaf spanning processes is first spread over each host's own devices
+  (`sharding.host_local`, a collective every process joins)."""
+  if not value.is_fully_addressable:
+    value = sharding.host_local(value)
+  out = np.empty(value.shape, np.dtype(dtype or value.dtype))
+  for shard in value.addressable_shards:
+    if shard.replica_id == 0:  # each slice once
+      out[shard.index] = np.asarray(shard.data).astype(out.dtype, copy=False)
+  return out
 
-  Sharded params are gathered to the host one at a time; stacked (scanned)
-  params are split back into one tensor per HF layer."""
-  cfg = model.config
+
+def _hf_tensors(cfg: ModelConfig, path: tuple, value: np.ndarray) -> dict[str, np.ndarray]:
+  """One param's HF tensors (a stacked param: one per HF layer)."""
+  slices = list(value) if _is_stacked(cfg, path) else [value]
+  return {name: _to_hf(str(path[-1]), piece) for name, piece in zip(_hf_names(cfg, path), slices)}
+
+
+def hf_state_dict(model: CausalLM, dtype=None) -> dict[str, np.ndarray]:
+  """All params as host numpy arrays under their HF names (`dtype`, default the param dtype),
+  fetched one leaf at a time from their shards (`host_value`); stacked (scanned) params are
+  split back into one tensor per HF layer."""
   out = {}
   for path, var in _param_paths(model).items():
-    value = var[...]
-    if not value.is_fully_addressable:  # multi-host: gather shards first
-      from jax.experimental import multihost_utils
-      value = multihost_utils.process_allgather(value, tiled=True)
-    value = np.asarray(jax.device_get(value))
-    names = _hf_names(cfg, path)
-    slices = list(value) if _is_stacked(cfg, path) else [value]
-    for name, piece in zip(names, slices):
-      out[name] = _to_hf(str(path[-1]), piece)
+    out.update(_hf_tensors(model.config, path, host_value(var[...], dtype)))
   return out
 
 
@@ -273,55 +284,113 @@ def _atomic_save_tensors(dest: Path, tensors: dict[str, np.ndarray]) -> None:
   io_utils.fsync_dir(dest.parent)
 
 
-def _shard(tensors: dict[str, np.ndarray], max_shard_bytes: int) -> list[dict[str, np.ndarray]]:
-  shards: list[dict[str, np.ndarray]] = [{}]
+# Files a multimodal (`qwen3_5`) export carries from its source checkpoint beside the vision
+# tower: SGLang's `Qwen3_5ForConditionalGeneration` builds the tower and its processor.
+PREPROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
+_VISION_PREFIX = "model.visual."
+
+
+def _plan_files(sizes: Mapping[tuple, int], max_shard_bytes: int | None) -> list[list[tuple]]:
+  """Params (in order) grouped into files of at most `max_shard_bytes` (a param never splits;
+  one bigger than the limit gets a file of its own)."""
+  files: list[list[tuple]] = [[]]
   size = 0
-  for name in sorted(tensors):
-    nbytes = tensors[name].nbytes
-    if shards[-1] and size + nbytes > max_shard_bytes:
-      shards.append({})
+  for key, nbytes in sizes.items():
+    if files[-1] and max_shard_bytes and size + nbytes > max_shard_bytes:
+      files.append([])
       size = 0
-    shards[-1][name] = tensors[name]
+    files[-1].append(key)
     size += nbytes
-  return shards
+  return files
+
+
+def _vision_tensors(source: Path, dtype) -> dict[str, tuple[int, Callable[[], np.ndarray]]]:
+  """`name -> (bytes on disk, reader)` of the source checkpoint's vision-tower tensors (cast to
+  `dtype` when floating)."""
+  files = {n: f for n, f in _checkpoint_files(source).items() if n.startswith(_VISION_PREFIX)}
+  if not files:
+    raise ValueError(f"vision_source {source} holds no {_VISION_PREFIX}* tensors")
+  if not (source / PREPROCESSOR_FILES[0]).is_file():
+    raise FileNotFoundError(f"vision_source {source} has no {PREPROCESSOR_FILES[0]} (SGLang "
+                            "builds the vision processor from it)")
+
+  def read(name: str) -> np.ndarray:
+    with safe_open(files[name], framework="numpy") as f:
+      t = f.get_tensor(name)
+    return t.astype(dtype) if np.issubdtype(t.dtype, np.floating) else t
+
+  out = {}
+  with contextlib.ExitStack() as stack:
+    handles = {f: stack.enter_context(safe_open(f, framework="numpy")) for f in set(files.values())}
+    for n in sorted(files):
+      shape = handles[files[n]].get_slice(n).get_shape()
+      out[n] = (int(np.prod(shape)) * np.dtype(dtype).itemsize, lambda n=n: read(n))
+  return out
 
 
 def save_pretrained(model: CausalLM, path: str | Path, *, tokenizer_dir: str | Path | None = None,
-                    max_shard_bytes: int | None = None) -> Path:
-  """Writes an HF checkpoint: safetensors (sharded + index when larger than
-  `max_shard_bytes`), config.json, and tokenizer files from `tokenizer_dir`.
+                    max_shard_bytes: int | None = None, dtype=None,
+                    vision_source: str | Path | None = None) -> Path:
+  """Writes an HF checkpoint: safetensors, config.json, and tokenizer files from `tokenizer_dir`.
 
-  Every file is written atomically (tmp + fsync + rename). On multi-host runs
-  all processes must call this (params are gathered) and process 0 writes.
+  Params are fetched one at a time from their shards and cast on the host (`host_value`), and
+  files are written one at a time: with `max_shard_bytes`, each file holds at most that many
+  bytes (`model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`), so the host
+  holds one file's tensors, and the devices nothing beyond the sharded params.
+
+  Args:
+    dtype: storage dtype on disk (default the param dtype); config.json says the same.
+    vision_source: for the multimodal layout, the checkpoint whose vision tower
+      (`model.visual.*`, cast to `dtype`) and preprocessor files are carried into the export.
+
+  Every file is written atomically (tmp + fsync + rename). On multi-host runs all processes must
+  call this (a leaf that spans processes is spread over each host's devices) and process 0 writes.
   """
   path = Path(path)
-  tensors = hf_state_dict(model)
-  if jax.process_index() != 0:
+  cfg = model.config
+  out_dtype = np.dtype(dtype or cfg.param_dtype)
+  params = _param_paths(model)
+  sizes = {p: int(np.prod(v.get_value().shape)) * out_dtype.itemsize for p, v in params.items()}
+  extra = _vision_tensors(Path(vision_source), out_dtype) if vision_source else {}
+  if extra and not cfg.is_multimodal_layout:
+    raise ValueError(f"vision_source {vision_source} given for a text-only model "
+                     f"(model_type {cfg.model_type!r})")
+  plan = _plan_files({**sizes, **{(n,): size for n, (size, _) in extra.items()}},
+                    max_shard_bytes)
+  writer = jax.process_index() == 0
+  if writer:
+    path.mkdir(parents=True, exist_ok=True)
+    for f in [path / SINGLE_FILE, path / INDEX_FILE, *path.glob("model-*-of-*.safetensors")]:
+      f.unlink(missing_ok=True)
+  weight_map, total = {}, 0
+  for i, keys in enumerate(plan):
+    tensors = {}
+    for key in keys:
+      if key in params:
+        value = host_value(params[key][...], out_dtype)  # every process joins
+        tensors.update(_hf_tensors(cfg, key, value) if writer else {})
+      elif writer:
+        tensors[key[0]] = extra[key[0]][1]()
+    if not writer:
+      continue
+    fname = SINGLE_FILE if len(plan) == 1 else f"model-{i + 1:05d}-of-{len(plan):05d}.safetensors"
+    _atomic_save_tensors(path / fname, tensors)
+    weight_map.update({name: fname for name in tensors})
+    total += sum(t.nbytes for t in tensors.values())
+    del tensors
+  if not writer:
     return path
-  path.mkdir(parents=True, exist_ok=True)
-  shards = _shard(tensors, max_shard_bytes) if max_shard_bytes else [tensors]
-  stale = [path / SINGLE_FILE, path / INDEX_FILE, *path.glob("model-*-of-*.safetensors")]
-  for f in stale:
-    f.unlink(missing_ok=True)
-  if len(shards) == 1:
-    _atomic_save_tensors(path / SINGLE_FILE, tensors)
-  else:
-    weight_map = {}
-    for i, shard in enumerate(shards):
-      fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-      _atomic_save_tensors(path / fname, shard)
-      weight_map.update({name: fname for name in shard})
-    index = {"metadata": {"total_size": int(sum(t.nbytes for t in tensors.values()))},
-             "weight_map": dict(sorted(weight_map.items()))}
+  if len(plan) > 1:
+    index = {"metadata": {"total_size": int(total)}, "weight_map": dict(sorted(weight_map.items()))}
     io_utils.atomic_write_text(path / INDEX_FILE, json.dumps(index, indent=2) + "\n")
-  io_utils.atomic_write_text(path / CONFIG_FILE,
-                             json.dumps(model.config.to_hf_dict(), indent=2) + "\n")
-  if tokenizer_dir is not None:
-    tokenizer_dir = Path(tokenizer_dir)
-    if not tokenizer_dir.is_dir():
-      raise FileNotFoundError(f"tokenizer_dir {tokenizer_dir} does not exist")
-    for name in TOKENIZER_FILES:
-      src = tokenizer_dir / name
-      if src.is_file():
-        io_utils.atomic_write_bytes(path / name, src.read_bytes())
+  written = cfg if dtype is None else cfg.replace(param_dtype=jnp.dtype(dtype))
+  io_utils.atomic_write_text(path / CONFIG_FILE, json.dumps(written.to_hf_dict(), indent=2) + "\n")
+  copies = [(Path(tokenizer_dir), TOKENIZER_FILES, "tokenizer_dir")] if tokenizer_dir else []
+  copies += [(Path(vision_source), PREPROCESSOR_FILES, "vision_source")] if vision_source else []
+  for source, names, field in copies:
+    if not source.is_dir():
+      raise FileNotFoundError(f"{field} {source} does not exist")
+    for name in names:
+      if (source / name).is_file():
+        io_utils.atomic_write_bytes(path / name, (source / name).read_bytes())
   return path

@@ -1,4 +1,5 @@
-"""Placing host values onto (possibly multi-host) shardings, and fetching them back.
+"""Placing host values onto (possibly multi-host) shardings (fetching a host's own copy back is
+`bat_jax.sharding.host_local`).
 
 Under `jax.distributed` every process runs the same program on its own devices. A tree that every
 process holds in full (params built from the same seed, an SFT batch from the same grain seed) is
@@ -12,9 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
 
 
 def place(tree: Any, shardings: Any) -> Any:
@@ -39,19 +38,3 @@ def global_batch(local: Mapping[str, np.ndarray], shardings: Mapping[str, Any]) 
     return dict(local)
   return {k: jax.make_array_from_process_local_data(shardings[k], np.asarray(v))
           for k, v in local.items()}
-
-
-def local_copy(tree: Any) -> Any:
-  """A copy of a (possibly multi-host) array tree on this process's first device, e.g. for an
-  in-process rollout engine or an export; the tree itself with one process."""
-  if jax.process_count() == 1:
-    return tree
-
-  def one(x):
-    if not isinstance(x, jax.Array) or x.is_fully_addressable:
-      return x
-    if x.is_fully_replicated:
-      return jnp.asarray(np.asarray(x.addressable_data(0)))
-    return jnp.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-  return jax.tree.map(one, tree)

@@ -9,7 +9,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from bat_jax import curriculum, gate, workflow
-from bat_jax.config_validation import ConfigError, validate_config
+from bat_jax.config_validation import ConfigError, field_problems, validate_config
 from bat_jax.run_config import RunConfig
 from configs import base, bat4b, bat9b, qwen_reference, tiny, tiny_sweeps
 
@@ -151,6 +151,29 @@ def test_gpu_configs_use_local_checkpoints_sglang_and_an_8_gpu_mesh():
   assert multi.distributed.enabled and multi.distributed.num_processes == 4
   with pytest.raises(ValueError, match="'13B'"):
     qwen_reference.get_reference_config("13B")
+
+
+@pytest.mark.parametrize("hosts", [1, 2, 4])
+def test_reference_micro_batches_split_over_every_gpu_on_any_number_of_hosts(hosts):
+  cfg = bat9b.get_config(f"hosts={hosts}")
+  assert field_problems(cfg) == []
+  assert cfg.sft.micro_batches == cfg.grpo.micro_batches == 4 // hosts
+  # One row per GPU per micro-batch (8 GPUs a host), the recipe's global batch of 32.
+  assert cfg.sft.global_batch_size // cfg.sft.micro_batches == 8 * hosts
+  assert cfg.sft.global_batch_size == 32
+
+
+def test_a_micro_batch_that_cannot_split_over_two_hosts_is_refused():
+  cfg = bat9b.get_config("hosts=2")
+  cfg.unlock()
+  cfg.sft.micro_batches = cfg.grpo.micro_batches = 4  # 8 rows over 16 GPUs
+  problems = field_problems(cfg)
+  assert any(p.startswith("config.sft.global_batch_size / config.sft.micro_batches = 8 rows")
+             and "16 devices" in p and "hosts=2" in p for p in problems), problems
+  assert any(p.startswith("config.grpo.prompt_groups x config.grpo.group_size / "
+                          "config.grpo.micro_batches = 8 rows") for p in problems), problems
+  with pytest.raises(ConfigError, match="config.sft.micro_batches = 8 rows"):
+    validate_config(cfg)
 
 
 GPU_CONFIGS = pytest.mark.parametrize("module", [bat4b, bat9b], ids=["bat4b", "bat9b"])

@@ -155,3 +155,44 @@ def test_missing_files_are_named(saved_qwen3):
   with pytest.raises(FileNotFoundError, match="no_such_tokenizer"):
     save_pretrained(build_model(ModelConfig.from_hf_dict(qwen3_config()), rngs=nnx.Rngs(0)),
                     saved_qwen3, tokenizer_dir=saved_qwen3 / "no_such_tokenizer")
+
+
+def test_multimodal_export_carries_the_vision_tower_and_preprocessor(tmp_path):
+  """SGLang 0.5.23 serves Qwen3.5 only as `Qwen3_5ForConditionalGeneration` (the EntryClass of
+  python/sglang/srt/models/qwen3_5.py), which builds the vision tower and its processor: the
+  export must carry both, or the multimodal architecture it declares does not load."""
+  from bat_jax.checkpointing import export_hf
+  hf = qwen3_5_multimodal_config(num_hidden_layers=2,
+                                 layer_types=["linear_attention", "full_attention"])
+  src = save_torch_model(build_torch_model(hf, seed=3), tmp_path / "src")
+  (src / "preprocessor_config.json").write_text('{"image_processor_type": "Qwen2VLImageProcessor"}')
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:8]).reshape(1, 8, 1),
+                           ("data", "fsdp", "tensor"))
+  model = load_pretrained(src, mesh=mesh)  # the language model only, on its shards
+  out = export_hf(model, tmp_path / "out", dtype="bfloat16", vision_source=src,
+                  max_shard_bytes=20_000)
+  source, exported = _read_checkpoint(src), _read_checkpoint(out)
+  visual = sorted(n for n in source if n.startswith("model.visual."))
+  assert visual and set(visual) <= set(exported)
+  for name in visual:
+    assert exported[name].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(exported[name], source[name].astype(jnp.bfloat16), name)
+  assert (out / "model.safetensors.index.json").is_file()
+  assert (out / "preprocessor_config.json").read_text() == (
+      src / "preprocessor_config.json").read_text()
+  written = json.loads((out / "config.json").read_text())
+  assert written["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+  assert written["vision_config"]["depth"] == 1 and written["dtype"] == "bfloat16"
+  # A multimodal loader finds every weight it builds (the vision tower included).
+  _, info = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(
+      out, output_loading_info=True)
+  assert not info["missing_keys"], info["missing_keys"]
+  assert not info["unexpected_keys"], info["unexpected_keys"]
+
+
+def test_vision_source_without_a_tower_or_for_a_text_model_is_refused(tmp_path):
+  text = build_model(ModelConfig.from_hf_dict(qwen3_5_text_config()), rngs=nnx.Rngs(0))
+  save_pretrained(text, tmp_path / "text")
+  (tmp_path / "text" / "preprocessor_config.json").write_text("{}")
+  with pytest.raises(ValueError, match=r"holds no model.visual.\* tensors"):
+    save_pretrained(text, tmp_path / "out", vision_source=tmp_path / "text")

@@ -57,13 +57,17 @@ def main(out: pathlib.Path, pid: int, port: int) -> None:
     ckpt.save(2, state)
     ckpt.wait()
     restored = ckpt.restore(trainer.state_target()).state
-  final = placement.local_copy(state.params)
-  back = placement.local_copy(restored.params)
+  final = sharding.host_local(state.params)
+  back = sharding.host_local(restored.params)
+  big = max(jax.tree.leaves(final), key=lambda x: x.size)
+  # This process's own copy, split over its 2 local devices: never whole on one device.
+  assert big.is_fully_addressable and len(big.sharding.device_set) == 2, big.sharding
+  assert {s.data.size for s in big.addressable_shards} == {big.size // 2}
   for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(back)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   rows = np.full((2, 3), pid, np.int32)  # this process's own rows
   glob = placement.global_batch({"x": rows}, {"x": sharding.batch_sharding(trainer.mesh, 2)})
-  gathered = np.asarray(placement.local_copy(glob)["x"])
+  gathered = np.asarray(sharding.host_local(glob)["x"])
   if pid == 0:
     flat = {jax.tree_util.keystr(p): np.asarray(v)
             for p, v in jax.tree_util.tree_leaves_with_path(final)}

@@ -31,7 +31,7 @@ def test_place_keeps_placed_leaves_and_single_process_helpers_are_identities():
   assert placement.place(placed, {"w": spec})["w"] is placed["w"]
   rows = {"x": np.ones((2, 3))}
   assert placement.global_batch(rows, {"x": spec})["x"] is rows["x"]
-  assert placement.local_copy(placed) is placed
+  assert sharding.host_local(placed) is placed
 
 
 def _free_port() -> int:
