@@ -25,6 +25,7 @@ JUNCTION_SPAN = 2  # a string value is joined with each of the next two (see `fi
 JUNCTION_CHARS = 48  # squashed chars before a boundary that a split marker may start within
 GRAM_HITS = 2
 LEET_SQUASH_MIN = 8
+CAESAR_MIN_LETTERS = 4  # Caesar shifts other than rot13 only for markers with this many letters
 _TOKEN_RE = re.compile(r"[^\W_]+")
 _JOIN = "\x1f"
 # All-hex squashed forms (numbers, hex ids) occur by chance inside every digest: they are matched
@@ -67,7 +68,10 @@ def _forms(normal: str, window: int) -> dict[str, bool]:
   leet_glued = len(squashed) >= LEET_SQUASH_MIN and not _HEXISH_RE.fullmatch(squashed)
   forms = {normal: True, normal[::-1]: True, caesar(normal, 13): True}
   forms.setdefault(leet_fold(normal), leet_glued)
-  if len(_TOKEN_RE.findall(normal)) <= window:
+  # Few letters give few distinct shifts: "qr-895" shifted by 15 is "fg 895", a synthesis spec's
+  # foreground level, so a marker needs CAESAR_MIN_LETTERS letters to be matched in every shift.
+  if (len(_TOKEN_RE.findall(normal)) <= window
+      and sum(c.isalpha() for c in normal) >= CAESAR_MIN_LETTERS):
     for shift in range(1, 26):
       forms.setdefault(caesar(normal, shift), False)
   return forms

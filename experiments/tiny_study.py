@@ -36,9 +36,11 @@ from bat_jax.io_utils import atomic_write_json  # noqa: E402
 
 MODES = ("argmin", "softmin", "uniform", "e2e_only")
 CONFIG = sweep.CONFIG
-# What a forked run copies from its seed's first run: everything the cold start produced.
+# What a forked run copies from its seed's first run: everything the cold start produced. The
+# run secret keys the held-out cells: without it a fork's evaluations would not be paired with
+# the copied SFT evaluation (nor covered by the copied marker export).
 COLD_START_PATHS = ("tokenizer", "stagebank/sft", "stagebank/markers.json", "ckpt/sft",
-                    "policies/sft", "evals/sft.json", "xla_cache")
+                    "policies/sft", "evals/sft.json", "eval_secret", "xla_cache")
 _pm = sweep.mean_se
 
 

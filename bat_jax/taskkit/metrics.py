@@ -83,8 +83,9 @@ def finding_f1(truth: list[str], pred: Any, impressions: Sequence[str] = ()) -> 
   phrases = sorted({p.lower() for p in impressions} | {truth[-1].lower()}, key=len, reverse=True)
   slots = (_COUNT, _QUADRANT, re.compile("|".join(map(re.escape, phrases))))
   stated = [set(slot.findall(text)) for slot in slots]
-  hits = sum(1 for s in stated if len(s) == 1 and s <= keys)
-  return 0.0 if not hits else 2.0 * hits / (sum(len(s) for s in stated) + len(keys))
+  # Distinct findings, so a phrase two slots both match counts once: F1 stays within [0, 1].
+  hits = len({v for s in stated if len(s) == 1 and s <= keys for v in s})
+  return 0.0 if not hits else 2.0 * hits / (len(set().union(*stated)) + len(keys))
 
 
 def psnr_gain(truth: Mapping[str, Any], pred: Any) -> float:

@@ -26,6 +26,8 @@ def test_fork_copies_the_cold_start_and_resets_the_outer_state(tmp_path):
               "stagebank/round_000000/manifest.json", "evals/round_000000.json"):
     (src / rel).parent.mkdir(parents=True, exist_ok=True)
     (src / rel).write_text(rel)
+  (src / "eval_secret").write_text("ab" * 32)
+  (src / "eval_secret").chmod(0o600)
   (src / "config.json").write_text(json.dumps({"curriculum": {"mode": "argmin"}, "seed": 0}))
   (src / "outer_state.json").write_text(json.dumps({
       "sft_done": True, "sft_validation_nll": 0.5, "baseline": "round_000000",
@@ -42,6 +44,9 @@ def test_fork_copies_the_cold_start_and_resets_the_outer_state(tmp_path):
   assert (dst / "ckpt/sft/1/x").is_file() and (dst / "evals/sft.json").is_file()
   assert not (dst / "stagebank/round_000000").exists()  # rounds depend on the mode
   assert not (dst / "evals/round_000000.json").exists()
+  # The run secret keys the held-out cells: a fork evaluates the cells of the copied SFT eval.
+  assert (dst / "eval_secret").read_text() == "ab" * 32
+  assert (dst / "eval_secret").stat().st_mode & 0o777 == 0o600
 
 
 def test_table_has_mean_and_standard_error_over_seeds():

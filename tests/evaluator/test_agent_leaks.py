@@ -18,6 +18,10 @@ from bat_jax.evaluator.runner import _Job
 from bat_jax.sandbox import Sandbox, SandboxLimits, materialize
 from bat_jax.train_tasks import FAMILIES
 
+# Cells keyed by a fixed run secret: without one make_cells draws a fresh secret, and the held-out
+# strings (so the test) would change from run to run.
+FIXED_SECRET = "01" * 32
+
 DIGESTS = {"protocol_digest": "c" * 64, "cell_set_digest": "d" * 64}
 _PROBE = ("cat /proc/self/mountinfo /proc/mounts /proc/1/mountinfo; pwd; readlink -f .; "
           "ls -la /; cat /proc/self/cgroup; cat /proc/1/cmdline | tr '\\0' ' '; env")
@@ -36,7 +40,7 @@ def test_the_sandbox_shows_no_host_path(require_bwrap, tmp_path):
 
 
 def test_evaluator_work_folders_are_opaque():
-  cells = make_cells(7, 3, "lite")
+  cells = make_cells(7, 3, "lite", secret=FIXED_SECRET)
   job = _Job(None, "/r", None, None, False, "k" * 32)
   other = _Job(None, "/r", None, None, False, "j" * 32)
   names = {job.work_dir(c).name for c in cells}

@@ -13,9 +13,13 @@ import random
 import pytest
 from test_leak_adversarial import _heldout, _row, _training_strings
 
-from bat_jax import marker_fuzzy, markers
+from bat_jax import marker_fuzzy, marker_tables, markers
 from bat_jax.evaluator import markers_export
 from bat_jax.stagebank import build, leakcheck
+
+# Cells keyed by a fixed run secret: without one make_cells draws a fresh secret, and the held-out
+# strings (so the test) would change from run to run.
+FIXED_SECRET = "01" * 32
 
 # Look-alikes that the old hand table did not have (Lisu and Cherokee capitals).
 _LISU = str.maketrans("ABCDEFGHIJKLMNOPRSTUVWXYZ", "ꓮꓐꓚꓓꓰꓝꓖꓧꓲꓙꓗꓡꓟꓠꓳꓑꓣꓢꓔꓴꓦꓪꓫꓬꓜ")
@@ -126,10 +130,19 @@ def test_heldout_string_in_form_is_rejected(heldout, form):
 
 def test_every_caesar_shift_is_rejected(heldout):
   checker, short, _ = heldout
-  picked = random.Random(5).sample(short, 5)
+  lettered = [s for s in short if sum(c.isalpha() for c in s) >= marker_tables.CAESAR_MIN_LETTERS]
+  picked = random.Random(5).sample(lettered, 5)
   missed = [(k, s) for k in range(1, 26) for s in picked
             if not _hit(checker, _row(f"Note: {_caesar(s, k)}"))]
   assert missed == []
+
+
+def test_few_letter_markers_are_not_matched_in_every_shift():
+  # "qr-895" shifted by 15 is "fg 895": a synthesis task's foreground level ({"fg": 895}).
+  checker = leakcheck.LeakChecker(markers.MarkerMatcher(
+      marker_tables.export_markers(["qr-895"], salt=b"few")))
+  assert not _hit(checker, _row(json.dumps({"fg": 895, "bg": 293})))
+  assert _hit(checker, _row("see qr-895")) and _hit(checker, _row("see de-895"))  # rot13 stays
 
 
 @pytest.mark.parametrize("form", sorted(NEAR_DUPLICATES))
@@ -184,7 +197,7 @@ def _real_rows_pass(n_batches, cells_per_track, first_action_tasks):
   from bat_jax.evaluator.cells import make_cells
   from bat_jax.stagebank import grid, rounds, sft_rows, task_source
 
-  export = markers_export.export_cells(make_cells(20260901, cells_per_track, "lite"), salt=b"fp")
+  export = markers_export.export_cells(make_cells(20260901, cells_per_track, "lite", secret=FIXED_SECRET), salt=b"fp")
   checker = leakcheck.LeakChecker(markers.MarkerMatcher(export))
   spec = rounds.RoundSpec(1, rounds.RoundWeights.for_target("S3"), seed=11, n_batches=n_batches)
   built = build.build_round(spec, task_source.TasksPackageSource(), checker)  # raises if any

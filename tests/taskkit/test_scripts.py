@@ -16,8 +16,14 @@ def test_metrics_by_hand():
   assert metrics.detection_f1(truth, [{"box": [0, 0, 2, 2], "score": 0.9}]) == pytest.approx(2 / 3)
   assert metrics.detection_f1(truth, [{"box": b, "score": 1} for b in truth]) == 1.0
   report = "Findings: 2 lesion(s), upper LEFT"
-  assert metrics.finding_recall(["2 lesion", "upper left"], report) == 1.0
-  assert metrics.finding_recall(["2 lesion", "upper left"], "nothing") == 0.0
+  assert metrics.finding_f1(["2 lesion", "upper left"], report) == 1.0
+  assert metrics.finding_f1(["2 lesion", "upper left"], "nothing") == 0.0
+  key, vocab = ["2 lesion", "upper left", "no acute finding"], ["no acute finding", "mass"]
+  assert metrics.finding_f1(key, report + ". Impression: no acute finding", vocab) == 1.0
+  hedged = "2 lesion(s) or 3 lesion(s), upper left. Impression: no acute finding"
+  assert metrics.finding_f1(key, hedged, vocab) == pytest.approx(2 * 2 / (4 + 3))
+  listing = "1 lesion, 2 lesion, upper left, lower right; no acute finding, mass"
+  assert metrics.finding_f1(key, listing, vocab) == 0.0
   assert metrics.accuracy("Left", " left ") == 1.0 and metrics.accuracy("a", 3) == 0.0
   clean = [[100, 100], [100, 100]]
   noisy = [[100, 255], [100, 100]]
