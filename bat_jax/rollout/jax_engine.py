@@ -106,16 +106,31 @@ class JaxEngine:
     self._weight_version = str(weight_version)
     self._slots: list[Optional[_Slot]] = [None] * config.num_slots
     self._clock = itertools.count(1)
-    self._key = jax.random.key(config.seed)
+    self._key = self._committed(jax.random.key(config.seed))
     # Module-level jits keyed on (graphdef, config): engines of the same model share them.
     static = (self._graphdef, config)
     self._reset = functools.partial(_reset_rows, *static)
     self._prefill = functools.partial(_prefill_chunk, *static)
     self._decode = functools.partial(_decode_block, *static)
-    self._cache = _init_cache(*static, self._params)
+    self._cache = self._committed(_init_cache(*static, self._params))
     self.vocab_size = int(model.unembed_kernel().shape[-1])
     self._lengths = np.zeros(config.num_slots, np.int32)          # tokens in each cache row
-    self._last_logits = jnp.zeros((config.num_slots, self.vocab_size), jnp.float32)
+    self._last_logits = self._committed(
+        jnp.zeros((config.num_slots, self.vocab_size), jnp.float32))
+
+  def _committed(self, tree: Any) -> Any:
+    """`tree` committed to the params' device(s), replicated.
+
+    The compiled programs return committed arrays; fed back next call, they key another
+    compilation than the uncommitted arrays `jnp.zeros` / `jax.random.key` make, so without
+    this every program (prefill buckets, decode, reset) compiled twice per process: ~28 CPU s
+    for the perf model, paid inside the first timed generate of every benchmark.
+    """
+    devices = sorted(jax.tree.leaves(self._params)[0].sharding.device_set, key=lambda d: d.id)
+    if len(devices) == 1:
+      return jax.device_put(tree, jax.sharding.SingleDeviceSharding(devices[0]))
+    mesh = jax.sharding.Mesh(np.array(devices), ("devices",))
+    return jax.device_put(tree, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
   # -- public API ------------------------------------------------------------------------------
 
@@ -149,7 +164,7 @@ class JaxEngine:
 
   def reseed(self, seed: int) -> None:
     """Restarts the sampler's PRNG stream, so a resumed run can replay the same samples."""
-    self._key = jax.random.key(seed)
+    self._key = self._committed(jax.random.key(seed))
 
   def flush(self) -> None:
     """Forgets every cached conversation (the next call prefills from scratch)."""
