@@ -87,13 +87,17 @@ class Recorder:
 
   def __init__(self):
     self.phases: list[dict] = []
+    # Arrays alive before the loop starts (another test's fixtures in the same pytest worker)
+    # are not the loop's: only what it creates is counted.
+    self._before = {id(a) for a in jax.live_arrays()}
 
   def __call__(self, phase: str, **copies: Any) -> None:
     jax.effects_barrier()
+    live = [a for a in jax.live_arrays() if id(a) not in self._before]
     self.phases.append({
         "phase": phase,
         "copies": {name: _by_id(sharding.bytes_per_device(tree)) for name, tree in copies.items()},
-        "live": _by_id(sharding.bytes_per_device(jax.live_arrays()))})
+        "live": _by_id(sharding.bytes_per_device(live))})
 
 
 def _by_id(per_device: dict) -> dict[int, int]:

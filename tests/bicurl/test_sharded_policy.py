@@ -65,6 +65,7 @@ def test_every_policy_copy_is_created_loaded_and_exported_split_over_8_devices(t
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow  # shows the check catches the old mesh-less load (~12 s)
 def test_a_policy_loaded_without_its_mesh_is_caught(tmp_path):
   """What `load_policy` did before: the whole model on device 0."""
   def unsharded(cfg, policy_dir, mesh):
