@@ -156,6 +156,9 @@ class MarkerMatcher:
         *self._hashes.values(), *self._squash.values(), self._anchors, self._gram_groups,
         self._vocab, self._shingle_groups, self._prefixes, self._firsts)
     self._known: dict[str, str | None] = {}
+    # Squash windows hashed so far, and those of them that are anchors (-> squashed lengths).
+    self._anchor_seen: dict[str, None] = {}
+    self._anchor_windows: dict[str, tuple[int, ...]] = {}
     self._memo: dict[str, _TextScan] = {}
     self._junction_memo: dict[tuple, tuple[tuple[str, int, str], ...]] = {}
     self._piece_memo: dict[str, tuple] = {}
@@ -224,12 +227,36 @@ class MarkerMatcher:
         if d is not None and d in table:
           out.append(("tokens", n, d))
 
+  def _anchored(self, windows: list[str]) -> set[str]:
+    """The windows (`SQUASH_MIN` chars each) whose hash is an anchor. Set operations do the
+    per-position work in C: only windows never seen before are hashed, and a text with no
+    anchor (nearly all) costs a few set passes."""
+    seen = self._anchor_seen
+    distinct = set(windows)
+    new = distinct.difference(seen)
+    if new:
+      if len(seen) >= _KNOWN_LIMIT:
+        seen.clear()
+        self._anchor_windows.clear()
+        new = distinct
+      for w in new:
+        d = self._digest_if_known(w)
+        seen[w] = None
+        if d is not None and d in self._anchors:
+          self._anchor_windows[w] = self._anchors[d]
+    return distinct.intersection(self._anchor_windows)
+
   def _squash_hits(self, squashed: str, starts: range, out: list) -> None:
     if not self._anchors:
       return
-    anchors = self._digests(squashed[i:i + SQUASH_MIN] for i in starts)
-    for i, anchor in zip(starts, anchors):
-      for n in (self._anchors.get(anchor) if anchor is not None else None) or ():
+    windows = [squashed[i:i + SQUASH_MIN] for i in starts]
+    anchored = self._anchored(windows)
+    if not anchored:
+      return
+    for i, w in zip(starts, windows):
+      if w not in anchored:
+        continue
+      for n in self._anchor_windows[w]:
         if i + n <= len(squashed):
           d = self._digest_if_known(squashed[i:i + n])
           if d is not None and d in self._squash.get(n, ()):
