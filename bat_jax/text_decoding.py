@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import html
 import re
 import urllib.parse
@@ -34,6 +35,7 @@ _B85_VALUE = {c: i for i, c in enumerate(_B85_CHARS)}
 _MAX_DECODE_DEPTH = 2
 _MIN_TEXT_CHARS = 4
 _MIN_PRINTABLE = 0.8
+_RUN_MEMO = 1 << 16  # distinct runs remembered per kind
 
 
 def _text_of(raw: bytes) -> str:
@@ -95,33 +97,59 @@ def _quoted_printable(text: str) -> str:
 def _runs(text: str) -> Iterator[str]:
   """Text decoded from every base64 / base32 / base85 / ascii85 / hex run of `text`."""
   for m in _B64_RE.finditer(text):
-    run = m.group(0).rstrip("=")
-    # The two alphabets differ only in `+/` vs `-_`: a run with neither decodes alike.
-    alphabets = (b"+/", b"-_") if any(c in run for c in "+/-_") else (b"+/",)
-    for altchars in alphabets:
-      try:
-        yield _text_of(base64.b64decode(run + "=" * (-len(run) % 4), altchars=altchars))
-      except (binascii.Error, ValueError):
-        continue
+    yield from _b64_run(m.group(0))
   for m in _B32_RE.finditer(text):
-    run = m.group(0).rstrip("=").upper()
-    try:
-      if len(run) >= 8 and _ascii_text(base64.b32decode(run[:8])):
-        yield _text_of(base64.b32decode(run + "=" * (-len(run) % 8)))
-    except (binascii.Error, ValueError):
-      pass
+    yield _b32_run(m.group(0))
   for m in _B85_RE.finditer(text):
-    run = m.group(0)
-    if len(run) >= 5 and not _WORDISH_RE.fullmatch(run) and _ascii_text(_base85(run[:5], _B85_VALUE)):
-      yield _text_of(_base85(run, _B85_VALUE))
+    yield _b85_run(m.group(0))
   for m in _A85_RE.finditer(text):
-    run = re.sub(r"\s", "", m.group(1)) if m.group(1) is not None else m.group(0)
-    run = run.replace("z", "!!!!!")
-    if ((m.group(1) is not None or (len(run) >= 5 and not _WORDISH_RE.fullmatch(run)))
-        and _ascii_text(_base85(run[:5], None))):
-      yield _text_of(_base85(run, None))
+    yield _a85_run(m.group(0), m.group(1))
   for m in _HEX_RE.finditer(text):
     yield _text_of(bytes.fromhex(m.group(0)))
+
+
+# One decode per distinct run: the texts of a round (workspace scripts above all) repeat most
+# of their runs (identifiers, calls, paths), and a run decodes the same in every text.
+@functools.lru_cache(maxsize=_RUN_MEMO)
+def _b64_run(match: str) -> tuple[str, ...]:
+  run = match.rstrip("=")
+  # The two alphabets differ only in `+/` vs `-_`: a run with neither decodes alike.
+  alphabets = (b"+/", b"-_") if any(c in run for c in "+/-_") else (b"+/",)
+  out = []
+  for altchars in alphabets:
+    try:
+      out.append(_text_of(base64.b64decode(run + "=" * (-len(run) % 4), altchars=altchars)))
+    except (binascii.Error, ValueError):
+      continue
+  return tuple(out)
+
+
+@functools.lru_cache(maxsize=_RUN_MEMO)
+def _b32_run(match: str) -> str:
+  run = match.rstrip("=").upper()
+  try:
+    if len(run) >= 8 and _ascii_text(base64.b32decode(run[:8])):
+      return _text_of(base64.b32decode(run + "=" * (-len(run) % 8)))
+  except (binascii.Error, ValueError):
+    pass
+  return ""
+
+
+@functools.lru_cache(maxsize=_RUN_MEMO)
+def _b85_run(run: str) -> str:
+  if len(run) >= 5 and not _WORDISH_RE.fullmatch(run) and _ascii_text(_base85(run[:5], _B85_VALUE)):
+    return _text_of(_base85(run, _B85_VALUE))
+  return ""
+
+
+@functools.lru_cache(maxsize=_RUN_MEMO)
+def _a85_run(match: str, framed: str | None) -> str:
+  run = re.sub(r"\s", "", framed) if framed is not None else match
+  run = run.replace("z", "!!!!!")
+  if ((framed is not None or (len(run) >= 5 and not _WORDISH_RE.fullmatch(run)))
+      and _ascii_text(_base85(run[:5], None))):
+    return _text_of(_base85(run, None))
+  return ""
 
 
 def decoded_variants(text: str, depth: int = _MAX_DECODE_DEPTH) -> Iterator[str]:
