@@ -41,6 +41,7 @@ Matching scheme (version 3). Everything is hashed as `sha256(salt + b"\\x00" + p
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -207,11 +208,13 @@ class MarkerMatcher:
 
   def _digests(self, payloads: Iterable[str]) -> list[str | None]:
     """`_digest_if_known` of each payload, reading the memo inline (a scan's hot loop)."""
-    get, compute = self._known.get, self._digest_if_known
-    out = []
-    for p in payloads:
-      d = get(p, _UNSEEN)
-      out.append(compute(p) if d is _UNSEEN else d)
+    payloads = payloads if isinstance(payloads, list) else list(payloads)
+    out = list(map(self._known.get, payloads, itertools.repeat(_UNSEEN)))  # the memo read in C
+    if _UNSEEN in out:
+      compute = self._digest_if_known
+      for i, d in enumerate(out):
+        if d is _UNSEEN:
+          out[i] = compute(payloads[i])
     return out
 
   def _token_hits(self, tokens: tuple[str, ...], token_digests: list, firsts: list[int],
@@ -280,7 +283,7 @@ class MarkerMatcher:
       var_tokens = tuple(_TOKEN_RE.findall(normal))
       tokens = var_tokens if k == 0 else tokens
       squashed = "".join(var_tokens)
-      token_digests = self._digests(var_tokens)
+      token_digests = self._digests(list(var_tokens))
       firsts = [j for j, d in enumerate(token_digests) if d is not None and d in self._firsts]
       self._token_hits(var_tokens, token_digests, firsts, hits)
       self._squash_hits(squashed, range(len(squashed) - SQUASH_MIN + 1), hits)
