@@ -339,18 +339,22 @@ class MarkerMatcher:
       return cached
     hits: list = []
     tokens, cut = tail[0] + head[0], len(tail[0])
-    for n in self._lengths:
+    # A straddling window has 2+ tokens, so it starts with a token in `firsts` (as in `_scan`).
+    lo = max(0, cut - self._edge)
+    starts = [j for j, d in zip(range(lo, cut), self._digests(list(tokens[lo:cut])))
+              if d is not None and d in self._firsts]
+    for n in (self._lengths if starts else ()):
       table = self._hashes[n]
-      for j in range(max(0, cut - n + 1), min(cut, len(tokens) - n + 1)):
-        d = self._digest_if_known(_JOIN.join(tokens[j:j + n]))
+      for d in self._digests([_JOIN.join(tokens[j:j + n]) for j in starts
+                              if j > cut - n and j + n <= len(tokens)]):
         if d is not None and d in table:
           hits.append(("tokens", n, d))
     squashed = tail[1][-JUNCTION_CHARS:] + head[1]
     self._squash_hits(squashed, range(max(0, len(squashed) - len(head[1]) - JUNCTION_CHARS),
                                       len(squashed) - len(head[1])), hits)
-    if self._gram_groups:
-      for j in range(max(0, cut - GRAM_N + 1), min(cut, len(tokens) - GRAM_N + 1)):
-        d = self._digest_if_known(_JOIN.join(tokens[j:j + GRAM_N]))
+    if self._gram_groups and starts:
+      for d in self._digests([_JOIN.join(tokens[j:j + GRAM_N]) for j in starts
+                              if j > cut - GRAM_N and j + GRAM_N <= len(tokens)]):
         if d is not None and d in self._gram_groups:
           hits.append(("gram", 0, d))
     result = tuple(hits)
