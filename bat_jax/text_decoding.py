@@ -18,7 +18,7 @@ import urllib.parse
 from collections.abc import Iterator
 
 _B64_RE = re.compile(r"[A-Za-z0-9+/_\-]{8,}={0,2}")
-# The base32/85 run patterns start a match only where no letter of the run precedes it, and take the
+# The run patterns start a match only where no letter of the run precedes it and take the
 # letters before the required digit or symbol possessively (`*+`): the same matches as the plain
 # `[run]*[required][run]*`, without its quadratic retries inside every word that lacks one.
 _B32_RE = re.compile(r"[A-Z2-7]{8,}=*|(?<![a-z])[a-z]*+[2-7][a-z2-7]*={0,6}")
@@ -30,7 +30,7 @@ _B85_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%
 # identifier, a path or a number (`_WORDISH_RE`) is not decoded either.
 _B85_SET = "[" + re.escape(_B85_CHARS) + "]"
 _B85_RE = re.compile(f"(?<![0-9A-Za-z])[0-9A-Za-z]*+[!#$%&()*+\\-;<=>?@^_`{{|}}~]{_B85_SET}*")
-_A85_RE = re.compile(r"<~([!-uz\s]+)~>|[!-uz]*[!-/:-@\[-`][!-uz]*")
+_A85_RE = re.compile(r"<~([!-uz\s]+)~>|(?<![0-9A-Za-uz])[0-9A-Za-uz]*+[!-/:-@\[-`][!-uz]*")
 _WORDISH_RE = re.compile(r"[a-z0-9_\-./:]+|[A-Za-z]+[0-9]*|[A-Z0-9_]+|[0-9.,:;eE+\-]+")
 _ESCAPE_RE = re.compile(r"\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8}|(?:\\x[0-9A-Fa-f]{2})+")
 _QP_RE = re.compile(r"(?:=[0-9A-Fa-f]{2})+")
