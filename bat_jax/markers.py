@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from bat_jax import marker_fuzzy
@@ -249,7 +249,7 @@ class MarkerMatcher:
           self._anchor_windows[w] = self._anchors[d]
     return distinct.intersection(self._anchor_windows)
 
-  def _squash_hits(self, squashed: str, starts: range, out: list) -> None:
+  def _squash_hits(self, squashed: str, starts: Sequence[int], out: list) -> None:
     if not self._anchors:
       return
     windows = [squashed[i:i + SQUASH_MIN] for i in starts]
@@ -327,8 +327,8 @@ class MarkerMatcher:
         spans.append([lo, at + 1])
       at = marks.find(LEET_MARK, at + 1)
     last = len(folded) - SQUASH_MIN + 1
-    for lo, hi in spans:
-      self._squash_hits(folded, range(lo, min(hi, last)), out)
+    # All spans in one pass (one set of windows), not one pass per span.
+    self._squash_hits(folded, [i for lo, hi in spans for i in range(lo, min(hi, last))], out)
 
   def _junction(self, tail, head) -> tuple[tuple[str, int, str], ...]:
     """Hits that straddle the boundary of two strings (the tail of one, the head of the next):
