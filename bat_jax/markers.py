@@ -223,6 +223,8 @@ class MarkerMatcher:
     `firsts`: where a window of 2+ tokens can start (a token some exported window starts
     with): the early exit that keeps most of a text's windows unhashed."""
     for n in self._lengths:
+      if n > 1 and not firsts:
+        break  # `_lengths` ascend: no longer window can start anywhere
       table = self._hashes[n]
       digests = token_digests if n == 1 else self._digests(
           _JOIN.join(tokens[j:j + n]) for j in firsts if j + n <= len(tokens))
@@ -266,7 +268,7 @@ class MarkerMatcher:
             out.append(("squashed", n, d))
 
   def _grams(self, tokens: tuple[str, ...], firsts: list[int]) -> set[str]:
-    if not self._gram_groups:
+    if not self._gram_groups or not firsts:
       return set()
     windows = (_JOIN.join(tokens[j:j + GRAM_N]) for j in firsts if j + GRAM_N <= len(tokens))
     return {d for d in self._digests(windows) if d is not None and d in self._gram_groups}
