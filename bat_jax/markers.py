@@ -41,7 +41,8 @@ Matching scheme (version 3). Everything is hashed as `sha256(salt + b"\\x00" + p
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from bat_jax import marker_fuzzy
@@ -156,6 +157,9 @@ class MarkerMatcher:
         *self._hashes.values(), *self._squash.values(), self._anchors, self._gram_groups,
         self._vocab, self._shingle_groups, self._prefixes, self._firsts)
     self._known: dict[str, str | None] = {}
+    # Squash windows hashed so far, and those of them that are anchors (-> squashed lengths).
+    self._anchor_seen: dict[str, None] = {}
+    self._anchor_windows: dict[str, tuple[int, ...]] = {}
     self._memo: dict[str, _TextScan] = {}
     self._junction_memo: dict[tuple, tuple[tuple[str, int, str], ...]] = {}
     self._piece_memo: dict[str, tuple] = {}
@@ -204,11 +208,13 @@ class MarkerMatcher:
 
   def _digests(self, payloads: Iterable[str]) -> list[str | None]:
     """`_digest_if_known` of each payload, reading the memo inline (a scan's hot loop)."""
-    get, compute = self._known.get, self._digest_if_known
-    out = []
-    for p in payloads:
-      d = get(p, _UNSEEN)
-      out.append(compute(p) if d is _UNSEEN else d)
+    payloads = payloads if isinstance(payloads, list) else list(payloads)
+    out = list(map(self._known.get, payloads, itertools.repeat(_UNSEEN)))  # the memo read in C
+    if _UNSEEN in out:
+      compute = self._digest_if_known
+      for i, d in enumerate(out):
+        if d is _UNSEEN:
+          out[i] = compute(payloads[i])
     return out
 
   def _token_hits(self, tokens: tuple[str, ...], token_digests: list, firsts: list[int],
@@ -217,6 +223,8 @@ class MarkerMatcher:
     `firsts`: where a window of 2+ tokens can start (a token some exported window starts
     with): the early exit that keeps most of a text's windows unhashed."""
     for n in self._lengths:
+      if n > 1 and not firsts:
+        break  # `_lengths` ascend: no longer window can start anywhere
       table = self._hashes[n]
       digests = token_digests if n == 1 else self._digests(
           _JOIN.join(tokens[j:j + n]) for j in firsts if j + n <= len(tokens))
@@ -224,19 +232,43 @@ class MarkerMatcher:
         if d is not None and d in table:
           out.append(("tokens", n, d))
 
-  def _squash_hits(self, squashed: str, starts: range, out: list) -> None:
+  def _anchored(self, windows: list[str]) -> set[str]:
+    """The windows (`SQUASH_MIN` chars each) whose hash is an anchor. Set operations do the
+    per-position work in C: only windows never seen before are hashed, and a text with no
+    anchor (nearly all) costs a few set passes."""
+    seen = self._anchor_seen
+    distinct = set(windows)
+    new = distinct.difference(seen)
+    if new:
+      if len(seen) >= _KNOWN_LIMIT:
+        seen.clear()
+        self._anchor_windows.clear()
+        new = distinct
+      for w in new:
+        d = self._digest_if_known(w)
+        seen[w] = None
+        if d is not None and d in self._anchors:
+          self._anchor_windows[w] = self._anchors[d]
+    return distinct.intersection(self._anchor_windows)
+
+  def _squash_hits(self, squashed: str, starts: Sequence[int], out: list) -> None:
     if not self._anchors:
       return
-    anchors = self._digests(squashed[i:i + SQUASH_MIN] for i in starts)
-    for i, anchor in zip(starts, anchors):
-      for n in (self._anchors.get(anchor) if anchor is not None else None) or ():
+    windows = [squashed[i:i + SQUASH_MIN] for i in starts]
+    anchored = self._anchored(windows)
+    if not anchored:
+      return
+    for i, w in zip(starts, windows):
+      if w not in anchored:
+        continue
+      for n in self._anchor_windows[w]:
         if i + n <= len(squashed):
           d = self._digest_if_known(squashed[i:i + n])
           if d is not None and d in self._squash.get(n, ()):
             out.append(("squashed", n, d))
 
   def _grams(self, tokens: tuple[str, ...], firsts: list[int]) -> set[str]:
-    if not self._gram_groups:
+    if not self._gram_groups or not firsts:
       return set()
     windows = (_JOIN.join(tokens[j:j + GRAM_N]) for j in firsts if j + GRAM_N <= len(tokens))
     return {d for d in self._digests(windows) if d is not None and d in self._gram_groups}
@@ -253,7 +285,7 @@ class MarkerMatcher:
       var_tokens = tuple(_TOKEN_RE.findall(normal))
       tokens = var_tokens if k == 0 else tokens
       squashed = "".join(var_tokens)
-      token_digests = self._digests(var_tokens)
+      token_digests = self._digests(list(var_tokens))
       firsts = [j for j, d in enumerate(token_digests) if d is not None and d in self._firsts]
       self._token_hits(var_tokens, token_digests, firsts, hits)
       self._squash_hits(squashed, range(len(squashed) - SQUASH_MIN + 1), hits)
@@ -297,8 +329,8 @@ class MarkerMatcher:
         spans.append([lo, at + 1])
       at = marks.find(LEET_MARK, at + 1)
     last = len(folded) - SQUASH_MIN + 1
-    for lo, hi in spans:
-      self._squash_hits(folded, range(lo, min(hi, last)), out)
+    # All spans in one pass (one set of windows), not one pass per span.
+    self._squash_hits(folded, [i for lo, hi in spans for i in range(lo, min(hi, last))], out)
 
   def _junction(self, tail, head) -> tuple[tuple[str, int, str], ...]:
     """Hits that straddle the boundary of two strings (the tail of one, the head of the next):
@@ -309,18 +341,22 @@ class MarkerMatcher:
       return cached
     hits: list = []
     tokens, cut = tail[0] + head[0], len(tail[0])
-    for n in self._lengths:
+    # A straddling window has 2+ tokens, so it starts with a token in `firsts` (as in `_scan`).
+    lo = max(0, cut - self._edge)
+    starts = [j for j, d in zip(range(lo, cut), self._digests(list(tokens[lo:cut])))
+              if d is not None and d in self._firsts]
+    for n in (self._lengths if starts else ()):
       table = self._hashes[n]
-      for j in range(max(0, cut - n + 1), min(cut, len(tokens) - n + 1)):
-        d = self._digest_if_known(_JOIN.join(tokens[j:j + n]))
+      for d in self._digests([_JOIN.join(tokens[j:j + n]) for j in starts
+                              if j > cut - n and j + n <= len(tokens)]):
         if d is not None and d in table:
           hits.append(("tokens", n, d))
     squashed = tail[1][-JUNCTION_CHARS:] + head[1]
     self._squash_hits(squashed, range(max(0, len(squashed) - len(head[1]) - JUNCTION_CHARS),
                                       len(squashed) - len(head[1])), hits)
-    if self._gram_groups:
-      for j in range(max(0, cut - GRAM_N + 1), min(cut, len(tokens) - GRAM_N + 1)):
-        d = self._digest_if_known(_JOIN.join(tokens[j:j + GRAM_N]))
+    if self._gram_groups and starts:
+      for d in self._digests([_JOIN.join(tokens[j:j + GRAM_N]) for j in starts
+                              if j > cut - GRAM_N and j + GRAM_N <= len(tokens)]):
         if d is not None and d in self._gram_groups:
           hits.append(("gram", 0, d))
     result = tuple(hits)

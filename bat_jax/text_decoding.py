@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import html
 import re
 import urllib.parse
 from collections.abc import Iterator
 
 _B64_RE = re.compile(r"[A-Za-z0-9+/_\-]{8,}={0,2}")
-_B32_RE = re.compile(r"[A-Z2-7]{8,}=*|[a-z2-7]*[2-7][a-z2-7]*={0,6}")
+# The run patterns start a match only where no letter of the run precedes it and take the
+# letters before the required digit or symbol possessively (`*+`): the same matches as the plain
+# `[run]*[required][run]*`, without its quadratic retries inside every word that lacks one.
+_B32_RE = re.compile(r"[A-Z2-7]{8,}=*|(?<![a-z])[a-z]*+[2-7][a-z2-7]*={0,6}")
 _HEX_RE = re.compile(r"(?:[0-9A-Fa-f]{2}){6,}")
 _B85_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
 # Runs of 5+ chars (4 bytes) that hold a symbol (a run of letters and digits is a word, not
@@ -25,8 +29,8 @@ _B85_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%
 # 0.9% at 15, 0.2% at 20; ascii85 its 28 with (57/85)^L, 1.8% at 10). A run shaped like an
 # identifier, a path or a number (`_WORDISH_RE`) is not decoded either.
 _B85_SET = "[" + re.escape(_B85_CHARS) + "]"
-_B85_RE = re.compile(f"{_B85_SET}*[!#$%&()*+\\-;<=>?@^_`{{|}}~]{_B85_SET}*")
-_A85_RE = re.compile(r"<~([!-uz\s]+)~>|[!-uz]*[!-/:-@\[-`][!-uz]*")
+_B85_RE = re.compile(f"(?<![0-9A-Za-z])[0-9A-Za-z]*+[!#$%&()*+\\-;<=>?@^_`{{|}}~]{_B85_SET}*")
+_A85_RE = re.compile(r"<~([!-uz\s]+)~>|(?<![0-9A-Za-uz])[0-9A-Za-uz]*+[!-/:-@\[-`][!-uz]*")
 _WORDISH_RE = re.compile(r"[a-z0-9_\-./:]+|[A-Za-z]+[0-9]*|[A-Z0-9_]+|[0-9.,:;eE+\-]+")
 _ESCAPE_RE = re.compile(r"\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8}|(?:\\x[0-9A-Fa-f]{2})+")
 _QP_RE = re.compile(r"(?:=[0-9A-Fa-f]{2})+")
@@ -34,6 +38,7 @@ _B85_VALUE = {c: i for i, c in enumerate(_B85_CHARS)}
 _MAX_DECODE_DEPTH = 2
 _MIN_TEXT_CHARS = 4
 _MIN_PRINTABLE = 0.8
+_RUN_MEMO = 1 << 16  # distinct runs remembered per kind
 
 
 def _text_of(raw: bytes) -> str:
@@ -95,33 +100,59 @@ def _quoted_printable(text: str) -> str:
 def _runs(text: str) -> Iterator[str]:
   """Text decoded from every base64 / base32 / base85 / ascii85 / hex run of `text`."""
   for m in _B64_RE.finditer(text):
-    run = m.group(0).rstrip("=")
-    # The two alphabets differ only in `+/` vs `-_`: a run with neither decodes alike.
-    alphabets = (b"+/", b"-_") if any(c in run for c in "+/-_") else (b"+/",)
-    for altchars in alphabets:
-      try:
-        yield _text_of(base64.b64decode(run + "=" * (-len(run) % 4), altchars=altchars))
-      except (binascii.Error, ValueError):
-        continue
+    yield from _b64_run(m.group(0))
   for m in _B32_RE.finditer(text):
-    run = m.group(0).rstrip("=").upper()
-    try:
-      if len(run) >= 8 and _ascii_text(base64.b32decode(run[:8])):
-        yield _text_of(base64.b32decode(run + "=" * (-len(run) % 8)))
-    except (binascii.Error, ValueError):
-      pass
+    yield _b32_run(m.group(0))
   for m in _B85_RE.finditer(text):
-    run = m.group(0)
-    if len(run) >= 5 and not _WORDISH_RE.fullmatch(run) and _ascii_text(_base85(run[:5], _B85_VALUE)):
-      yield _text_of(_base85(run, _B85_VALUE))
+    yield _b85_run(m.group(0))
   for m in _A85_RE.finditer(text):
-    run = re.sub(r"\s", "", m.group(1)) if m.group(1) is not None else m.group(0)
-    run = run.replace("z", "!!!!!")
-    if ((m.group(1) is not None or (len(run) >= 5 and not _WORDISH_RE.fullmatch(run)))
-        and _ascii_text(_base85(run[:5], None))):
-      yield _text_of(_base85(run, None))
+    yield _a85_run(m.group(0), m.group(1))
   for m in _HEX_RE.finditer(text):
     yield _text_of(bytes.fromhex(m.group(0)))
+
+
+# One decode per distinct run: the texts of a round (workspace scripts above all) repeat most
+# of their runs (identifiers, calls, paths), and a run decodes the same in every text.
+@functools.lru_cache(maxsize=_RUN_MEMO)
+def _b64_run(match: str) -> tuple[str, ...]:
+  run = match.rstrip("=")
+  # The two alphabets differ only in `+/` vs `-_`: a run with neither decodes alike.
+  alphabets = (b"+/", b"-_") if any(c in run for c in "+/-_") else (b"+/",)
+  out = []
+  for altchars in alphabets:
+    try:
+      out.append(_text_of(base64.b64decode(run + "=" * (-len(run) % 4), altchars=altchars)))
+    except (binascii.Error, ValueError):
+      continue
+  return tuple(out)
+
+
+@functools.lru_cache(maxsize=_RUN_MEMO)
+def _b32_run(match: str) -> str:
+  run = match.rstrip("=").upper()
+  try:
+    if len(run) >= 8 and _ascii_text(base64.b32decode(run[:8])):
+      return _text_of(base64.b32decode(run + "=" * (-len(run) % 8)))
+  except (binascii.Error, ValueError):
+    pass
+  return ""
+
+
+@functools.lru_cache(maxsize=_RUN_MEMO)
+def _b85_run(run: str) -> str:
+  if len(run) >= 5 and not _WORDISH_RE.fullmatch(run) and _ascii_text(_base85(run[:5], _B85_VALUE)):
+    return _text_of(_base85(run, _B85_VALUE))
+  return ""
+
+
+@functools.lru_cache(maxsize=_RUN_MEMO)
+def _a85_run(match: str, framed: str | None) -> str:
+  run = re.sub(r"\s", "", framed) if framed is not None else match
+  run = run.replace("z", "!!!!!")
+  if ((framed is not None or (len(run) >= 5 and not _WORDISH_RE.fullmatch(run)))
+      and _ascii_text(_base85(run[:5], None))):
+    return _text_of(_base85(run, None))
+  return ""
 
 
 def decoded_variants(text: str, depth: int = _MAX_DECODE_DEPTH) -> Iterator[str]:
