@@ -91,6 +91,11 @@ BOUNDS: Mapping[str, Bound] = {
     "tokenizer.train.vocab_size": _count(16 * M, "tokens in the vocabulary"),
     "tokenizer.train.corpus_tasks": _count(1e7, "task instances"),
     # sft
+    "pretrain.steps": _STEPS, "pretrain.batch_size": _count(1 * M, "rows per step"),
+    "pretrain.seq_len": _TOKENS, "pretrain.lr": _LR,
+    "pretrain.warmup_steps": Bound(0, 1e8, "steps"), "pretrain.seed": _SEED,
+    "pretrain.probes": _count(1e5, "probe documents"),
+    "pretrain.checkpoint_every": _count(1e8, "steps"),
     "sft.steps": _STEPS, "sft.warmup_steps": Bound(0, 1e8, "steps"),
     "sft.global_batch_size": _count(1 * M, "rows per step"),
     "sft.micro_batches": _count(64 * K, "accumulation steps"),

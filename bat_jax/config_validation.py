@@ -39,7 +39,9 @@ from bat_jax.sandbox import SandboxLimits
 from bat_jax.sharding import MESH_AXES
 from bat_jax.train import REMAT_POLICIES, SCHEDULES
 
-MODEL_SOURCES = ("scratch", "pretrained")
+MODEL_SOURCES = ("scratch", "tiny_base", "pretrained")
+# Sources whose architecture is `model.hf_config` (initialised here, not read from a checkpoint).
+FROM_HF_CONFIG = ("scratch", "tiny_base")
 LAYER_TYPES = ("linear_attention", "full_attention")
 DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZER_SOURCES = ("pretrained", "train")
@@ -114,10 +116,10 @@ def _check_model(ck: _Checker) -> None:
       ck.fail("model.path", "a pretrained model needs a local checkpoint directory")
     if len(hf):
       ck.fail("model.hf_config", "only used with model.source='scratch'; leave it empty")
-  elif source == "scratch":
+  elif source in FROM_HF_CONFIG:
     missing = [k for k in REQUIRED_HF_FIELDS if k not in hf]
     if missing:
-      ck.fail("model.hf_config", f"a scratch model needs the fields {missing}")
+      ck.fail("model.hf_config", f"a {source} model needs the fields {missing}")
       return
     ck.one_of("model.hf_config.model_type", SUPPORTED_MODEL_TYPES)
     ck.positive(*(f"model.hf_config.{k}" for k in REQUIRED_HF_FIELDS[1:]))
@@ -142,7 +144,7 @@ def _check_tokenizer(ck: _Checker) -> None:
     ck.positive("tokenizer.train.vocab_size", "tokenizer.train.corpus_tasks")
     hf = ck.get("model.hf_config")
     model_vocab, tok_vocab = hf.get("vocab_size"), ck.get("tokenizer.train.vocab_size")
-    if (ck.get("model.source") == "scratch" and isinstance(model_vocab, int)
+    if (ck.get("model.source") in FROM_HF_CONFIG and isinstance(model_vocab, int)
         and isinstance(tok_vocab, int) and model_vocab < tok_vocab):
       ck.fail("model.hf_config.vocab_size", f"{model_vocab} is smaller than the trained "
               f"tokenizer's vocab ({tok_vocab}): token ids would fall outside the embedding")

@@ -105,9 +105,10 @@ def _fake_devices(n: int) -> None:
 def model_config(cfg, num_layers: Optional[int] = None, attention_impl: str = "chunked"):
   """The policy's `ModelConfig` (see the module docstring for where shapes come from), with
   `attention_impl` (the plan's fake CPU devices compile no GPU-only kernel: "chunked")."""
+  from bat_jax.config_validation import FROM_HF_CONFIG
   from bat_jax.model import ModelConfig
   dtype, param_dtype = cfg.model.dtype, cfg.model.param_dtype
-  if cfg.model.source == "scratch":
+  if cfg.model.source in FROM_HF_CONFIG:
     hf = cfg.model.hf_config.to_dict()
   elif cfg.model.path and (Path(cfg.model.path) / "config.json").is_file():
     hf = json.loads((Path(cfg.model.path) / "config.json").read_text())

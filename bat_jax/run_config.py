@@ -45,6 +45,7 @@ class RunConfig:
   seed: int
   model: ConfigDict
   tokenizer: ConfigDict
+  pretrain: ConfigDict
   mesh: ConfigDict
   sharding: ConfigDict
   distributed: ConfigDict

@@ -13,6 +13,8 @@ big_vision: `--config=configs/tiny.py:smoke` or `--config=configs/bat9b.py:ckpt=
 
 from __future__ import annotations
 
+import os
+
 from typing import Any, Optional
 
 import ml_collections
@@ -58,9 +60,11 @@ def parse_arg(arg: Optional[str], **defaults: Any) -> ml_collections.ConfigDict:
 def model_config() -> ml_collections.ConfigDict:
   """The policy: where it comes from and its dtypes."""
   s = ml_collections.ConfigDict()
-  s.source = "pretrained"          # scratch | pretrained
+  # scratch (random init) | tiny_base (random init, then pretrained here on the generated corpus:
+  # `pretrain`) | pretrained (any local HF checkpoint at `path`)
+  s.source = "pretrained"
   s.path = config_dict.placeholder(str)  # local HF checkpoint dir (pretrained)
-  s.hf_config = ml_collections.ConfigDict()  # HF config.json fields (scratch only)
+  s.hf_config = ml_collections.ConfigDict()  # HF config.json fields (scratch, tiny_base)
   # bf16 compute (the release trains in bf16); fp32 master params, because a 2.5e-7 update is
   # below bf16's resolution for weights of order 1e-2 and would round away.
   s.dtype = "bfloat16"
@@ -83,6 +87,24 @@ def tokenizer_config() -> ml_collections.ConfigDict:
   # Tool block of the system message: the chat template's own (Qwen's ~650-token preamble) or
   # `compact` (a few lines; bat_jax.model.compact_chat) for small policies trained from scratch.
   s.tool_preamble = "template"
+  return s
+
+
+def pretrain_config() -> ml_collections.ConfigDict:
+  """The tiny base's pretraining (`model.source = "tiny_base"`; bat_jax.pretrain)."""
+  s = ml_collections.ConfigDict()
+  s.steps = 400
+  s.batch_size = 16
+  s.seq_len = 256                # packed plain-text documents, next-token loss on every token
+  s.lr = 3e-3
+  s.warmup_steps = 20
+  s.seed = 0                     # the corpus and the init: one base for every run seed
+  s.probes = 96                  # fresh documents whose target call the report scores
+  s.checkpoint_every = 100
+  # One folder per hash of (generator, these fields, hf_config, tokenizer): shared by runs.
+  # $BAT_JAX_CACHE (default ~/.cache/bat_jax) is read here, so the test suite points it at a
+  # temporary folder and never touches the user's cache.
+  s.cache_dir = os.path.join(os.environ.get("BAT_JAX_CACHE", "~/.cache/bat_jax"), "tiny_base")
   return s
 
 
@@ -355,6 +377,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0
   c.model = model_config()
   c.tokenizer = tokenizer_config()
+  c.pretrain = pretrain_config()
   c.mesh = mesh_config()
   c.sharding = sharding_config()
   c.distributed = distributed_config()

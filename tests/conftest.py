@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import tempfile
 
 import pytest
 
@@ -16,6 +17,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # suite's compiles short (subprocesses inherit it); test_attention.py passes 1, 3 and 8 itself.
 os.environ.setdefault("BAT_JAX_CAUSAL_QUERY_BLOCKS", "2")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The tiny base's cache (configs/base.py `pretrain.cache_dir`): one per test session, never the
+# user's ~/.cache; a smoke base built by one test is reused by the next.
+os.environ["BAT_JAX_CACHE"] = tempfile.mkdtemp(prefix="bat_jax_cache_")
 
 
 def _has_gpu() -> bool:

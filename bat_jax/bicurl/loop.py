@@ -38,6 +38,9 @@ from bat_jax.bicurl.grpo_round import (GrpoRound, bucket_length, optimizer_confi
 from bat_jax.bicurl.policy import PolicyServer, evaluate_policy, make_policy_server
 from bat_jax.bicurl.report import build_report, headline, write_report
 from bat_jax.bicurl.state import OuterState, RoundRecord, RunPaths
+from bat_jax.pretrain import base as pretrain_base
+from bat_jax.stagebank import leakcheck
+from bat_jax.stagebank.build import load_matcher
 from bat_jax.stagebank.shards import round_dirname
 from bat_jax.checkpointing import export_hf
 from bat_jax.evaluator.cells import load_or_create_secret
@@ -87,38 +90,54 @@ class _Tracker:
       self.writer.close()
 
 
-def _initial_policy(cfg: RunConfig, mesh: jax.sharding.Mesh
+def _scratch_builder(cfg: RunConfig, seed: int) -> Callable[[], nnx.Module]:
+  """`() -> model`: the seeded random init of `model.hf_config`."""
+  dtype, param_dtype = setup.model_dtypes(cfg)
+  model_cfg = ModelConfig.from_hf_dict(cfg.model.hf_config.to_dict(), dtype=dtype,
+                                       param_dtype=param_dtype,
+                                       ).replace(attention_impl=cfg.model.attention_impl)
+  return lambda: build_model(model_cfg, rngs=nnx.Rngs(seed))
+
+
+def _initial_policy(cfg: RunConfig, mesh: jax.sharding.Mesh, checkpoint: Optional[Path]
                     ) -> tuple[nnx.Module, Callable[[Trainer], Any]]:
   """`(abstract model, make_params)`: the policy before SFT as shapes only, and how its params
   are created straight onto their shards when there is no checkpoint to resume (a seeded jitted
-  init for `scratch`, else the local checkpoint read tensor by tensor onto its shards)."""
+  init for `scratch`, else `checkpoint` (the tiny base or `model.path`) read tensor by tensor
+  onto its shards)."""
   dtype, param_dtype = setup.model_dtypes(cfg)
   rules = tuple(cfg.sharding.rules)
-  if cfg.model.source == "scratch":
-    model_cfg = ModelConfig.from_hf_dict(cfg.model.hf_config.to_dict(), dtype=dtype,
-                                         param_dtype=param_dtype,
-                                         ).replace(attention_impl=cfg.model.attention_impl)
-    build = lambda: build_model(model_cfg, rngs=nnx.Rngs(cfg.seed))
+  if checkpoint is None:
+    build = _scratch_builder(cfg, cfg.seed)
     return nnx.eval_shape(build), lambda trainer: trainer.init_params(build)
-  model_cfg = ModelConfig.from_pretrained_dir(cfg.model.path, dtype=dtype, param_dtype=param_dtype
+  model_cfg = ModelConfig.from_pretrained_dir(checkpoint, dtype=dtype, param_dtype=param_dtype
                                               ).replace(attention_impl=cfg.model.attention_impl)
   abstract = nnx.eval_shape(lambda: build_model(model_cfg, rngs=nnx.Rngs(0)))
-  load = lambda trainer: nnx.state(load_pretrained(cfg.model.path, dtype=dtype,
+  load = lambda trainer: nnx.state(load_pretrained(checkpoint, dtype=dtype,
                                                    param_dtype=param_dtype, mesh=mesh,
                                                    rules=rules), nnx.Param)
   return abstract, load
 
 
+def _tiny_base(cfg: RunConfig, paths: RunPaths, tokenizer_dir: Path) -> tuple[Path, dict]:
+  """The tiny base's HF folder and record (`bat_jax.pretrain.base`: built once, then cached)."""
+  pcfg = pretrain_base.PretrainConfig.from_config(cfg.pretrain)
+  checker = leakcheck.LeakChecker(load_matcher(paths.markers))
+  return pretrain_base.ensure_base(_scratch_builder(cfg, pcfg.seed), pcfg,
+                                   cfg.model.hf_config.to_dict(), tokenizer_dir, checker,
+                                   mesh=run_mesh(cfg), rules=tuple(cfg.sharding.rules))
+
+
 def _cold_start(cfg: RunConfig, paths: RunPaths, chat_format: ChatFormat,
-                tracker: _Tracker) -> tuple[nnx.Module, Optional[float]]:
-  """Cold-start SFT on the Stage Bank's expert rows, resumable from its orbax checkpoints;
-  returns the model and its validation NLL."""
+                tracker: _Tracker, checkpoint: Optional[Path]) -> tuple[nnx.Module, Optional[float]]:
+  """Cold-start SFT on the Stage Bank's expert rows from `checkpoint` (None: a random init),
+  resumable from its orbax checkpoints; returns the model and its validation NLL."""
   rows_dir = multihost.primary_first(
       "sft_rows", lambda: setup.prepare_sft_rows(cfg, paths.sft_rows, paths.markers))
   train, validation = setup.sft_examples(cfg, rows_dir, chat_format)
   max_len = bucket_length(max(setup.example_lengths(train)), cfg.sft.max_seq_len)
   mesh = run_mesh(cfg)
-  model, make_params = _initial_policy(cfg, mesh)
+  model, make_params = _initial_policy(cfg, mesh, checkpoint)
   sft_cfg = SftConfig(
       num_steps=cfg.sft.steps, batch_size=cfg.sft.global_batch_size, max_len=max_len,
       bucket_lengths=tuple(cfg.sft.bucket_lengths), seed=cfg.seed,
@@ -282,10 +301,17 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any
   else:
     bank = bank_lib.StageBank(bank_dir, None, cfg.stagebank.request_timeout_s)
   try:
+    # ========================================================================== tiny base
+    start = None if cfg.model.source == "scratch" else Path(cfg.model.path or "")
+    if cfg.model.source == "tiny_base" and not state.sft_done:
+      with state.timed("pretrain"):
+        start, state.pretrain = _tiny_base(cfg, paths, tokenizer_dir)
+      _save(state, paths)
+
     # ========================================================================== cold-start SFT
     if not state.sft_done:
       with state.timed("sft"):
-        model, state.sft_validation_nll = _cold_start(cfg, paths, chat_format, tracker)
+        model, state.sft_validation_nll = _cold_start(cfg, paths, chat_format, tracker, start)
       export_hf(model, paths.policy("sft"), tokenizer_dir=tokenizer_dir,
                 vision_source=setup.vision_source(cfg))
       state.sft_done, state.baseline = True, "sft"

@@ -63,6 +63,7 @@ def build_report(state: OuterState) -> dict[str, Any]:
       "grpo_steps_applied": sum(1 for s in steps if not s.get("no_signal")),
       "grpo_steps_total": len(steps),
       "sft_validation_nll": state.sft_validation_nll,
+      "pretrain": state.pretrain,
       "first_target": (state.rounds[0].target if state.rounds else None),
       "rounds": [{k: v for k, v in dataclasses.asdict(r).items() if k != "steps"}
                  | {"grpo_steps": len(r.steps),
@@ -132,6 +133,12 @@ def markdown(report: dict[str, Any]) -> str:
                  f"{reasons} |")
   lines += ["", "## Wall time per phase (s)", "", "| phase | seconds |", "|---|---:|"]
   lines += [f"| {k} | {v:.1f} |" for k, v in report["phase_seconds"].items()]
+  base = report.get("pretrain")
+  if base:
+    lines += ["", f"Tiny base `{base['key']}` ({'cached' if base['cache_hit'] else 'built'}): "
+              f"copy accuracy {base['copy_accuracy']:.3f} on {base['probes']} fresh probes "
+              f"(values {base['value_accuracy']:.3f}), {base['steps']} steps, "
+              f"{base['seconds']:.0f} s to build."]
   lines += ["", f"Cold-start SFT validation NLL per target token: "
             f"{_fmt(report['sft_validation_nll'])}.", f"Promoted policy: `{report['baseline']}`.",
             ""]

@@ -24,6 +24,7 @@ from bat_jax.model import compact_chat
 from bat_jax.model import ModelConfig, build_model, load_pretrained
 from bat_jax.model import tokenizer as tokenizer_lib
 from bat_jax.model import tokenizer_corpus as corpus_lib
+from bat_jax.config_validation import FROM_HF_CONFIG
 from bat_jax.sft import Example, drop_too_long
 from bat_jax.stagebank import grid, leakcheck, rl_rows, rounds, sft_rows, shards
 from bat_jax.stagebank.build import load_matcher
@@ -38,7 +39,7 @@ def model_dtypes(cfg: RunConfig) -> tuple[Any, Any]:
 
 def model_type(cfg: RunConfig) -> str:
   """The policy's HF `model_type` (picks its chat format)."""
-  if cfg.model.source == "scratch":
+  if cfg.model.source in FROM_HF_CONFIG:
     return cfg.model.hf_config.model_type
   return ModelConfig.from_pretrained_dir(cfg.model.path).model_type
 
@@ -98,7 +99,7 @@ def chat_format(cfg: RunConfig, tokenizer_dir: Path) -> chat_format_lib.ChatForm
 def initial_model(cfg: RunConfig) -> nnx.Module:
   """The policy before SFT: random init (seeded) for `scratch`, else the local checkpoint."""
   dtype, param_dtype = model_dtypes(cfg)
-  if cfg.model.source == "scratch":
+  if cfg.model.source in FROM_HF_CONFIG:
     model_cfg = ModelConfig.from_hf_dict(cfg.model.hf_config.to_dict(), dtype=dtype,
                                          param_dtype=param_dtype)
     return build_model(model_cfg, rngs=nnx.Rngs(cfg.seed))
@@ -118,7 +119,7 @@ def vision_source(cfg: RunConfig) -> Path | None:
   """The checkpoint whose vision tower a multimodal policy's exports carry (None for a text-only
   or from-scratch policy): SGLang 0.5.23 serves Qwen3.5 only as the multimodal
   `Qwen3_5ForConditionalGeneration`, which builds the tower and its processor."""
-  if cfg.model.source == "scratch":
+  if cfg.model.source in FROM_HF_CONFIG:
     return None
   path = Path(cfg.model.path)
   return path if ModelConfig.from_pretrained_dir(path).is_multimodal_layout else None

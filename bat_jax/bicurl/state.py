@@ -31,7 +31,7 @@ from bat_jax.io_utils import atomic_write_json
 from bat_jax.stagebank.rounds import RoundWeights
 from bat_jax.stagebank.shards import round_dirname
 
-PHASES: tuple[str, ...] = ("sft", "evaluation", "rollout", "update", "stagebank_wait")
+PHASES: tuple[str, ...] = ("pretrain", "sft", "evaluation", "rollout", "update", "stagebank_wait")
 STATE_FILE = "outer_state.json"
 
 
@@ -117,6 +117,8 @@ class OuterState:
   """Which phases are done, the curriculum's history, and the time spent per phase.
 
   Attributes:
+    pretrain: the tiny base's record (`bat_jax.pretrain.base`: probe copy accuracy, seconds,
+      cache hit), for `model.source = "tiny_base"`; None otherwise.
     sft_done: the cold-start SFT finished and its policy is exported.
     sft_validation_nll: NLL per target token on the held-out SFT examples.
     baseline: name of the promoted policy (the gate's baseline, the next round's start).
@@ -126,6 +128,7 @@ class OuterState:
     evaluations: policy name -> its aggregate report's headline (overall, task, stage scores).
     phase_seconds: wall time per phase (PHASES), summed over restarts.
   """
+  pretrain: Optional[dict[str, Any]] = None
   sft_done: bool = False
   sft_validation_nll: Optional[float] = None
   baseline: Optional[str] = None
@@ -165,4 +168,5 @@ class OuterState:
     try:
       yield
     finally:
-      self.phase_seconds[phase] += time.monotonic() - start
+      # .get: a state saved before a phase existed lacks its key
+      self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + time.monotonic() - start

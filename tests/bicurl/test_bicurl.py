@@ -22,6 +22,7 @@ from bat_jax.bicurl.setup import sft_states
 from bat_jax.bicurl.state import STATE_FILE
 from bat_jax.rollout import Trajectory
 from bat_jax.stagebank import grid, shards
+from configs import tiny
 from tests.bicurl.fast_config import fast_config
 
 
@@ -106,7 +107,7 @@ def finished_run(tmp_path_factory):
   jax.config.update(keys[0], str(tmp / "xla_cache"))
   jax.config.update(keys[1], 0.0)
   try:
-    cfg = fast_config()
+    cfg = tiny.get_config("smoke,base")  # the tiny base's pretraining phase included
     paths = RunPaths(tmp / "run")
     yield cfg, paths, run(cfg, paths.workdir)
   finally:
@@ -131,8 +132,13 @@ def test_end_to_end_run_writes_every_artifact(finished_run):
   for r in range(cfg.grpo.rounds):
     assert (paths.stagebank / shards.round_dirname(r) / "manifest.json").is_file()
     assert paths.round_checkpoints(r).is_dir()
-  for phase in ("sft", "evaluation", "rollout", "update"):
+  for phase in ("pretrain", "sft", "evaluation", "rollout", "update"):
     assert report["phase_seconds"][phase] > 0, phase
+  # The tiny base (model.source = tiny_base): built here, its probe in the report.
+  base = report["pretrain"]
+  assert base["steps"] == cfg.pretrain.steps and base["probes"] == cfg.pretrain.probes
+  assert 0.0 <= base["copy_accuracy"] <= 1.0 and base["seconds"] > 0
+  assert "Tiny base" in (paths.workdir / "report.md").read_text()
   # One run secret keys the held-out cells: every evaluation saw the same cells (the gate's
   # pairing), and the secret lives host-side only, readable by the run alone.
   assert os.stat(paths.eval_secret).st_mode & 0o777 == 0o600

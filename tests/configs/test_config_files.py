@@ -117,6 +117,15 @@ def test_unlinked_model_vocab_smaller_than_tokenizer_is_named():
     validate_config(cfg)
 
 
+def test_tiny_base_argument_pretrains_a_hybrid_first():
+  cfg = tiny.get_config("base")
+  assert cfg.model.source == "tiny_base" and cfg.pretrain.steps >= 100
+  assert set(cfg.model.hf_config.layer_types) == {"linear_attention", "full_attention"}
+  smoke = tiny.get_config("smoke,base")
+  assert smoke.model.source == "tiny_base" and smoke.pretrain.steps < 10
+  assert len(smoke.model.hf_config.layer_types) == smoke.model.hf_config.num_hidden_layers
+
+
 def test_config_argument_errors_name_the_key():
   with pytest.raises(ValueError, match="config argument: unknown key 'smok'"):
     tiny.get_config("smok")
