@@ -12,7 +12,7 @@ from flax import nnx
 from bat_jax import sharding
 from bat_jax.model import ModelConfig, build_model
 from bat_jax.model import tokenizer as tokenizer_lib
-from bat_jax.pretrain import base, corpus
+from bat_jax.pretrain import base
 
 HF = {"model_type": "qwen3_5_text", "vocab_size": 600, "hidden_size": 32,
       "intermediate_size": 64, "num_hidden_layers": 2,
