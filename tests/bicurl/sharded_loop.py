@@ -111,7 +111,7 @@ def run_phases(cfg: RunConfig, workdir: Path, load_policy=setup.load_policy, *,
   (their compiles): the copies are created, loaded, cast and exported the same way."""
   mesh = run_mesh(cfg)
   record = Recorder()
-  model, make_params = loop._initial_policy(cfg, mesh)
+  model, make_params = loop._initial_policy(cfg, mesh, None)
   sft_cfg = SftConfig(num_steps=1, batch_size=cfg.sft.global_batch_size, max_len=SEQ,
                       checkpoint_every=1, keep_checkpoints=1, logprob_chunk_size=SEQ,
                       optimizer=optimizer_config(cfg.sft, 1), step=step_config(cfg.sft, cfg.trainer))
