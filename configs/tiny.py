@@ -2,11 +2,13 @@ r"""The CPU default: a tiny Qwen3.5-architecture model from scratch and a locall
 
   python launch.py --config=configs/tiny.py --workdir=/tmp/bat_tiny
   python launch.py --config=configs/tiny.py:smoke --workdir=/tmp/bat_smoke   # a handful of steps
+  python launch.py --config=configs/tiny.py:base --workdir=/tmp/bat_base     # tiny base first
 
 Everything stays on one host, on CPU: the in-process JAX rollout engine, a spawned Stage Bank and
 the built-in evaluator. Sizes aim at 15 minutes on 2 otherwise idle CPU cores: 13 min 53 s timed
 alone (seed 0, experiments/README.md); `smoke` shrinks every phase to a few steps (a 2-layer,
-32-wide model; 4 min on a loaded box), and the end-to-end test runs exactly it. The recipe's *structure* (4/2/2
+32-wide model; 4 min on a loaded box), and the end-to-end test runs it with `base` (`smoke,base`:
+a 4-step tiny-base pretraining first). The recipe's *structure* (4/2/2
 pool mix, gate thresholds, argmin curriculum, GRPO loss settings) is the reference's; only the
 scale shrinks. What makes the world learnable at this scale (experiments/README.md, "Levers"):
 the `stage_tools` action space with short task ids, a compact tool preamble, 128-wide layers
