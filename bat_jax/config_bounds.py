@@ -91,7 +91,8 @@ BOUNDS: Mapping[str, Bound] = {
     "tokenizer.train.vocab_size": _count(16 * M, "tokens in the vocabulary"),
     "tokenizer.train.corpus_tasks": _count(1e7, "task instances"),
     # sft
-    "pretrain.steps": _STEPS, "pretrain.batch_size": _count(1 * M, "rows per step"),
+    "pretrain.echo_steps": Bound(0, 1e8, "steps"), "pretrain.steps": _STEPS,
+    "pretrain.batch_size": _count(1 * M, "rows per step"),
     "pretrain.seq_len": _TOKENS, "pretrain.lr": _LR,
     "pretrain.warmup_steps": Bound(0, 1e8, "steps"), "pretrain.seed": _SEED,
     "pretrain.probes": _count(1e5, "probe documents"),

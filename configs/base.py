@@ -93,6 +93,9 @@ def tokenizer_config() -> ml_collections.ConfigDict:
 def pretrain_config() -> ml_collections.ConfigDict:
   """The tiny base's pretraining (`model.source = "tiny_base"`; bat_jax.pretrain)."""
   s = ml_collections.ConfigDict()
+  # Echoes only first, at a held learning rate (the copying plateau ends at ~250-350 steps),
+  # then the corpus with a cosine decay (experiments/README.md, "The tiny base").
+  s.echo_steps = 400
   s.steps = 400
   s.batch_size = 16
   s.seq_len = 256                # packed plain-text documents, next-token loss on every token

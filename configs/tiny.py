@@ -69,6 +69,7 @@ SMOKE_OVERRIDES = {
     "model.hf_config.intermediate_size": 64,
     "model.hf_config.num_hidden_layers": 2,
     "model.hf_config.layer_types": ("linear_attention", "full_attention"),
+    "pretrain.echo_steps": 2,
     "pretrain.steps": 4,
     "pretrain.batch_size": 4,
     "pretrain.seq_len": 128,
@@ -182,9 +183,13 @@ BASE_LAYER_TYPES = ("full_attention", "full_attention", "full_attention", "linea
 def _tiny_base(c: ml_collections.ConfigDict) -> None:
   """`base`: random init, then the tiny base's pretraining on the generated corpus
   (bat_jax.pretrain, cached by its config hash), the analogue of a pretrained checkpoint.
-  Opt-in for now: its probe copy accuracy is still 0 at 400 steps (experiments/README.md)."""
+  Opt-in for now: its probe copy accuracy is still ~0 after 400 echo + 400 corpus steps
+  (experiments/README.md, "The tiny base")."""
   c.model.source = "tiny_base"
   c.model.hf_config.layer_types = BASE_LAYER_TYPES
+  # Every head dim rotary (32, 16 frequencies; the real Qwen3.5's 0.25 of 256 is 64): on pure
+  # echoes this order crossed the copying plateau at step ~250 with 32 (experiments/README.md).
+  c.model.hf_config.rope_parameters.partial_rotary_factor = 1.0
 
 
 def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:

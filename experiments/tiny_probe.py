@@ -35,6 +35,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "probe directory (created; reuse
 _HELDOUT = flags.DEFINE_bool("heldout", False, "also run the held-out evaluation after SFT")
 _REUSE = flags.DEFINE_string("reuse", None, "copy tokenizer and SFT rows from this probe "
                              "directory (same tokenizer / stagebank / sft.num_examples settings)")
+_BASE_ONLY = flags.DEFINE_bool("base_only", False, "stop after the tiny base (model.source="
+                                "tiny_base): print its record (copy accuracy, time)")
 _MAX_ROWS = flags.DEFINE_integer("max_rows", 64, "validation rows to decode at most")
 flags.mark_flags_as_required(["workdir"])
 
@@ -111,16 +113,27 @@ def main(argv: list[str]) -> None:
   chat_format = setup.chat_format(cfg, tok_dir)
   if not paths.markers.is_file():
     bank_lib.write_markers(cfg, paths.markers)
-  rows_dir = setup.prepare_sft_rows(cfg, paths.sft_rows, paths.markers)
   t_setup = time.time() - t0
-  # The main job's own cold start (private to the loop; the probe must not drift from it).
+  # The main job's own tiny base and cold start (private to the loop; the probe must not
+  # drift from them).
+  start, base = None, None
+  if cfg.model.source == "tiny_base":
+    start, base = loop._tiny_base(cfg, paths, tok_dir)  # pylint: disable=protected-access
+    if _BASE_ONLY.value:
+      print(json.dumps(base, indent=1, default=str))
+      return
+  elif cfg.model.source == "pretrained":
+    start = Path(cfg.model.path)
+  rows_dir = setup.prepare_sft_rows(cfg, paths.sft_rows, paths.markers)
+  t_base = time.time() - t0 - t_setup  # SFT rows included
   cold_start, tracker = loop._cold_start, loop._Tracker  # pylint: disable=protected-access
-  model, nll = cold_start(cfg, paths, chat_format, tracker(cfg, paths))
-  t_sft = time.time() - t0 - t_setup
+  model, nll = cold_start(cfg, paths, chat_format, tracker(cfg, paths), start)
+  t_sft = time.time() - t0 - t_setup - t_base
   rows = _validation_rows(cfg, rows_dir, chat_format)[:_MAX_ROWS.value]
-  result = {"validation_nll": nll, "seconds": {"setup": t_setup, "sft": t_sft},
+  result = {"validation_nll": nll, "pretrain": base,
+            "seconds": {"setup": t_setup, "pretrain": t_base, "sft": t_sft},
             **decode_scores(cfg, model, chat_format, rows)}
-  result["seconds"]["decode"] = time.time() - t0 - t_setup - t_sft
+  result["seconds"]["decode"] = time.time() - t0 - sum(result["seconds"].values())
   if _HELDOUT.value:
     export_hf(model, paths.policy("sft"), tokenizer_dir=tok_dir)
     server = policy.make_policy_server(model, cfg, paths.workdir, tok_dir)

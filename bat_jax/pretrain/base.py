@@ -9,10 +9,13 @@ repeated runs and the study's seeds and modes share one base.
     cache_dir/<key>/base.json     probe copy accuracy, loss, steps, seconds (the report's record)
     cache_dir/<key>.build/        orbax checkpoints of an unfinished build (resumed, then removed)
 
-Pretraining is the SFT trainer on packed plain-text documents with the next-token loss on
-every token (`corpus.plain_text`), so it is seeded, resumable and bit-identical like SFT. The
+Pretraining is the SFT trainer in two phases, so it is seeded, resumable and bit-identical like
+SFT: `echo_steps` of echoes only (random word pieces, then the same pieces again: where
+induction heads form), then `steps` of packed plain-text documents (`corpus.plain_text`) with
+an echo after every second one, the loss on the calls and on the echoes' second copies. The
 corpus is leak-checked against this run's held-out markers on every use, built or reused: a
-base must never have seen held-out content, and a hit fails closed.
+base must never have seen held-out content, and a hit fails closed (an echo the check refuses
+is drawn again, and the redraw recorded).
 """
 
 from __future__ import annotations
@@ -20,13 +23,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import logging
-import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +49,7 @@ PROBE_SEED_OFFSET = 1_000_003   # probes come from another seed's documents: nev
 @dataclasses.dataclass(frozen=True)
 class PretrainConfig:
   """The `pretrain` config section (see configs/base.py)."""
+  echo_steps: int
   steps: int
   batch_size: int
   seq_len: int
@@ -79,14 +83,10 @@ def cache_key(pcfg: PretrainConfig, hf_config: dict[str, Any], tokenizer_dir: Pa
   return h.hexdigest()[:24]
 
 
-def _n_documents(tokens_needed: int) -> int:
-  return max(1, tokens_needed // 64)  # generous: documents are ~120 tokens; trimmed below
-
-
-def _encoded_documents(tokenizer: Any, seed: int, start: int, count: int, eot_id: int
+def _encoded_documents(tokenizer: Any, docs: Sequence[corpus.Document], eot_id: int
                        ) -> list[tuple[list[int], list[int]]]:
-  """`(ids, loss mask)` of documents `start..start+count`, each ending in `eot_id`."""
-  pieces = [corpus.plain_segments(d) for d in corpus.documents(seed, start, count)]
+  """`(ids, loss mask)` of `docs`, each ending in `eot_id`."""
+  pieces = [corpus.plain_segments(d) for d in docs]
   encoded = iter(tokenizer([t for doc in pieces for t, _ in doc],
                            add_special_tokens=False)["input_ids"])
   out = []
@@ -102,78 +102,166 @@ def _encoded_documents(tokenizer: Any, seed: int, start: int, count: int, eot_id
 
 
 ECHO_SHARE = 2   # every ECHO_SHARE-th packed document is an echo (`_echo`)
+ECHO_PHASE_START = 10_000_000   # echo indices of the echo-only first phase (never a document's)
+MAX_REDRAWS = 8   # an echo the leak check refuses is drawn again, at most this many times
+
+
+# An echo is `:` pieces `$` the same pieces, newline: one-token separators that no list holds.
+# With the multi-token `Copy: ... $ echo ...` the plateau was still flat at step 300; with
+# one-token separators it was ending there (experiments/README.md, "The tiny base").
+# Any change to how echoes or rows are drawn must bump `corpus.GENERATOR_VERSION` (the cache key).
+ECHO_SEPARATORS = (":", "$", "\n")
+
+
+def _separators(tokenizer: Any) -> tuple[list[int], list[int], list[int]]:
+  return tuple(tokenizer(t, add_special_tokens=False)["input_ids"] for t in ECHO_SEPARATORS)
 
 
 @functools.lru_cache(maxsize=4)
 def _echo_pool(tokenizer: Any) -> np.ndarray:
-  """Vocabulary pieces that decode to a word or number (with or without its leading space):
-  markup, paths and control tokens stay out of random lists (a `/think` piece reads as a path
-  to the leak check, which rightly refuses it)."""
-  word = re.compile(r" ?[A-Za-z0-9_]+")
-  special = set(tokenizer.all_special_ids)
-  return np.array([i for i in range(len(tokenizer))
-                   if i not in special and word.fullmatch(tokenizer.decode([i]))])
+  """Every vocabulary piece but the special tokens and the separators. A smaller pool (the
+  word pieces alone, 710 of 1,024) kept the copying plateau flat for 300 steps where the whole
+  vocabulary crossed it at ~250 (experiments/README.md); pieces that make an echo read as a
+  path or a held-out marker are refused by the leak check, and that echo is drawn again
+  (`_first_clean`)."""
+  excluded = set(tokenizer.all_special_ids).union(*_separators(tokenizer))
+  return np.array([i for i in range(len(tokenizer)) if i not in excluded])
 
 
-def _echo(tokenizer: Any, seed: int, index: int, eot_id: int) -> tuple[list[int], list[int]]:
-  """Distinct random vocabulary pieces, then the same pieces again after `$ echo`: the densest
-  copying signal there is (every repeated piece is predictable only by looking back), which
-  grows induction heads in a few hundred steps where the documents alone did not (measured:
-  experiments/README.md, "The tiny base")."""
-  rng = np.random.default_rng([seed, index, 7])
-  pool = _echo_pool(tokenizer)
-  pieces = rng.choice(pool, size=int(rng.integers(12, 40)), replace=False).tolist()
-  head = tokenizer("Copy:", add_special_tokens=False)["input_ids"]
-  mid = tokenizer("\n$ echo", add_special_tokens=False)["input_ids"]
-  end = tokenizer("\n", add_special_tokens=False)["input_ids"]
+def _echo(tokenizer: Any, seed: int, index: int, eot_id: int, attempt: int = 0
+          ) -> tuple[list[int], list[int]]:
+  """Distinct random vocabulary pieces, then the same pieces again: the densest copying signal
+  there is (every repeated piece is predictable only by looking back), the one on which
+  induction heads form (experiments/README.md, "The tiny base")."""
+  rng = np.random.default_rng([seed, index, 7, attempt])
+  pieces = rng.choice(_echo_pool(tokenizer), size=int(rng.integers(12, 40)),
+                      replace=False).tolist()
+  head, mid, end = _separators(tokenizer)
   ids = head + pieces + mid + pieces + end + [eot_id]
   return ids, [0] * (len(head) + len(pieces) + len(mid)) + [1] * (len(pieces) + len(end)) + [0]
 
 
-def packed_rows(tokenizer: Any, pcfg: PretrainConfig, eot_id: int
-                ) -> tuple[list[tuple[list[int], list[int]]], int]:
-  """`(rows, documents used)`: `steps x batch_size` rows of `seq_len` tokens, each filled with
-  whole documents (never one cut in two: a cut document's call would copy from nothing) and
-  padded with `eot_id`; the loss is on the calls (`corpus.plain_segments`)."""
+def _echo_text(tokenizer: Any, seed: int, index: int, eot_id: int, attempt: int) -> str:
+  return tokenizer.decode(_echo(tokenizer, seed, index, eot_id, attempt)[0][:-1])
+
+
+def _document_text(seed: int, index: int, attempt: int) -> str:
+  return "".join(corpus.plain_text(corpus.document(seed, index, attempt=attempt)))
+
+
+def _first_clean(text: Callable[[int], str], index: int, checker: Any,
+                 redraws: dict[int, int]) -> Optional[int]:
+  """The first attempt whose `text(attempt)` the leak check accepts (None: none of
+  `MAX_REDRAWS`). Random values can spell a held-out marker (4 echoes in 20,000 did; so did a
+  facts line's `class: c4; list:`); a redraw goes into `redraws` (-1: skipped), so a reused
+  base re-checks exactly the text it was trained on."""
+  for attempt in range(MAX_REDRAWS):
+    if not checker.check_row({"text": text(attempt)}, index=index, pool="pretrain"):
+      if attempt:
+        redraws[index] = attempt
+      return attempt
+  redraws[index] = -1
+  return None
+
+
+def _pack(docs: Iterator[tuple[list[int], list[int]]], n_rows: int, seq_len: int, eot_id: int
+          ) -> list[tuple[list[int], list[int]]]:
+  """`n_rows` rows of `seq_len` tokens, each filled with whole documents (never one cut in
+  two: a cut document's call would copy from nothing) and padded with `eot_id`."""
   rows: list[tuple[list[int], list[int]]] = []
   ids: list[int] = []
   mask: list[int] = []
-  index = 0
-  while len(rows) < pcfg.steps * pcfg.batch_size:
-    docs = _encoded_documents(tokenizer, pcfg.seed, index, 256, eot_id)
-    mixed = [d for i, doc in enumerate(docs)
-             for d in ([doc, _echo(tokenizer, pcfg.seed, index + i, eot_id)]
-                       if (index + i) % ECHO_SHARE == 0 else [doc])]
-    index += len(docs)
-    for doc_ids, doc_mask in mixed:
-      if len(doc_ids) > pcfg.seq_len:
-        continue  # longer than a row: skipped (deterministically)
-      if len(ids) + len(doc_ids) > pcfg.seq_len:
-        pad = pcfg.seq_len - len(ids)
-        rows.append((ids + [eot_id] * pad, [0] + mask[1:] + [0] * pad))
-        ids, mask = [], []
-        if len(rows) == pcfg.steps * pcfg.batch_size:
-          break
-      ids, mask = ids + doc_ids, mask + doc_mask
-  return rows, index
+  for doc_ids, doc_mask in docs:
+    if len(doc_ids) > seq_len:
+      continue  # longer than a row: skipped (deterministically)
+    if len(ids) + len(doc_ids) > seq_len:
+      pad = seq_len - len(ids)
+      rows.append((ids + [eot_id] * pad, [0] + mask[1:] + [0] * pad))
+      ids, mask = [], []
+      if len(rows) == n_rows:
+        break
+    ids, mask = ids + doc_ids, mask + doc_mask
+  return rows
 
 
-def check_corpus(checker: Any, tokenizer: Any, pcfg: PretrainConfig, n_documents: int,
-                 eot_id: int) -> int:
-  """Leak-checks the first `n_documents` documents and their echoes (what pretraining used);
-  raises on a hit."""
-  for start in range(0, n_documents, 512):
-    for i, doc in enumerate(corpus.documents(pcfg.seed, start, min(512, n_documents - start))):
-      index = start + i
-      texts = ["".join(corpus.plain_text(doc))]
-      if index % ECHO_SHARE == 0:
-        texts.append(tokenizer.decode(_echo(tokenizer, pcfg.seed, index, eot_id)[0][:-1]))
-      for text in texts:
-        findings = checker.check_row({"text": text}, index=index, pool="pretrain")
-        if findings:
-          raise ValueError(f"pretraining document {index} (seed {pcfg.seed}) fails the leak "
-                           f"check: {findings[0]}; the base must never see held-out content")
-  return n_documents
+@dataclasses.dataclass
+class Corpus:
+  """What pretraining trains on: the echo-only first phase's rows, then the corpus rows."""
+  echo_rows: list[tuple[list[int], list[int]]]
+  rows: list[tuple[list[int], list[int]]]
+  documents: int                 # corpus documents drawn (indices 0..documents-1)
+  echoes: int                    # echo-phase echoes drawn (from ECHO_PHASE_START)
+  document_redraws: dict[int, int]   # document index -> the attempt trained on (-1: skipped)
+  echo_redraws: dict[int, int]       # echo index -> the attempt trained on (-1: skipped)
+
+  def record(self) -> dict[str, Any]:
+    """What a reused base's leak check needs (`check_corpus`)."""
+    return {"documents": self.documents, "echoes": self.echoes,
+            **{f"{k}_redraws": {str(i): a for i, a in sorted(r.items())}
+               for k, r in (("document", self.document_redraws), ("echo", self.echo_redraws))}}
+
+
+def build_corpus(tokenizer: Any, pcfg: PretrainConfig, eot_id: int, checker: Any) -> Corpus:
+  """Both phases' packed rows (loss on the calls and on the echoes' second copies); every
+  document and echo is one the leak check accepts (`_first_clean`), checked as it is drawn."""
+  doc_redraws: dict[int, int] = {}
+  echo_redraws: dict[int, int] = {}
+  counts = {"documents": 0, "echoes": 0}
+
+  def echo(index: int):
+    attempt = _first_clean(lambda a: _echo_text(tokenizer, pcfg.seed, index, eot_id, a), index,
+                           checker, echo_redraws)
+    return None if attempt is None else _echo(tokenizer, pcfg.seed, index, eot_id, attempt)
+
+  def echoes():
+    for index in itertools.count(ECHO_PHASE_START):
+      counts["echoes"] += 1
+      if (drawn := echo(index)) is not None:
+        yield drawn
+
+  def documents():
+    for start in itertools.count(0, 256):
+      chosen = [(i, _first_clean(lambda a: _document_text(pcfg.seed, i, a), i, checker,
+                                 doc_redraws)) for i in range(start, start + 256)]
+      kept = [(i, corpus.document(pcfg.seed, i, attempt=a)) for i, a in chosen if a is not None]
+      for (i, _), encoded in zip(kept, _encoded_documents(tokenizer, [d for _, d in kept],
+                                                          eot_id)):
+        counts["documents"] = i + 1
+        yield encoded
+        if i % ECHO_SHARE == 0 and (drawn := echo(i)) is not None:
+          yield drawn
+
+  echo_rows = (_pack(echoes(), pcfg.echo_steps * pcfg.batch_size, pcfg.seq_len, eot_id)
+               if pcfg.echo_steps else [])
+  rows = _pack(documents(), pcfg.steps * pcfg.batch_size, pcfg.seq_len, eot_id)
+  return Corpus(echo_rows, rows, counts["documents"], counts["echoes"], doc_redraws,
+                echo_redraws)
+
+
+def check_corpus(checker: Any, tokenizer: Any, pcfg: PretrainConfig, record: Mapping[str, Any],
+                 eot_id: int) -> None:
+  """Leak-checks what a base with `record` was trained on: its documents and echoes as drawn
+  (`record["document_redraws"]`, `record["echo_redraws"]`); raises on a hit. A reused base
+  runs it with this run's checker; a build checks each text as it draws it (`build_corpus`)."""
+  redraws = {k: {int(i): a for i, a in record.get(f"{k}_redraws", {}).items()}
+             for k in ("document", "echo")}
+
+  def refuse(what: str, index: int, text: Callable[[int], str]) -> None:
+    attempt = redraws[what].get(index, 0)
+    if attempt < 0:
+      return  # skipped: never trained on
+    findings = checker.check_row({"text": text(attempt)}, index=index, pool="pretrain")
+    if findings:
+      raise ValueError(f"pretraining {what} {index} (seed {pcfg.seed}) fails the leak check: "
+                       f"{findings[0]}; the base must never see held-out content")
+
+  echo = lambda a, i: _echo_text(tokenizer, pcfg.seed, i, eot_id, a)
+  for index in range(record["documents"]):
+    refuse("document", index, lambda a: _document_text(pcfg.seed, index, a))
+    if index % ECHO_SHARE == 0 and redraws["document"].get(index, 0) >= 0:
+      refuse("echo", index, lambda a: echo(a, index))
+  for index in range(ECHO_PHASE_START, ECHO_PHASE_START + record.get("echoes", 0)):
+    refuse("echo", index, lambda a: echo(a, index))
 
 
 def greedy_calls(model: nnx.Module, tokenizer: Any, contexts: Sequence[str], *, eot_id: int,
@@ -236,6 +324,39 @@ def load_record(base_dir: Path) -> Optional[dict[str, Any]]:
   return json.loads(path.read_text()) if (base_dir / "model").is_dir() and path.is_file() else None
 
 
+def _train(model: nnx.Module, build: Any, pcfg: PretrainConfig, data: Corpus, staging: Path,
+           eot_id: int, *, mesh: jax.sharding.Mesh, rules: Any) -> dict[str, Optional[float]]:
+  """The two phases, each the SFT trainer with its own orbax folder (a finished phase restores
+  and returns at once on a resume). The echo phase holds its learning rate after warmup: the
+  copying plateau ends at step ~250-350 only if the rate is still high then (measured:
+  experiments/copy_reference.py); the corpus phase then decays it (cosine)."""
+  from bat_jax.sft import SftConfig, run_sft      # heavy imports: only when building
+  from bat_jax.train.step import OptimizerConfig
+  losses: dict[str, list[float]] = {"echo": [], "corpus": []}
+
+  def phase(name: str, rows, steps: int, schedule: str, make_params) -> None:
+    cfg = SftConfig(num_steps=steps, batch_size=pcfg.batch_size, max_len=pcfg.seq_len,
+                    seed=pcfg.seed, checkpoint_every=pcfg.checkpoint_every, pad_id=eot_id,
+                    optimizer=OptimizerConfig(learning_rate=pcfg.lr, schedule=schedule,
+                                              warmup_steps=pcfg.warmup_steps,
+                                              total_steps=steps))
+
+    def on_step(step: int, metrics: dict[str, Any]) -> None:
+      loss = float(metrics["loss"])
+      if not np.isfinite(loss):
+        raise FloatingPointError(f"pretraining {name} step {step}: non-finite loss {loss}")
+      losses[name].append(loss)
+
+    run_sft(model, rows, cfg, staging / f"ckpt_{name}", mesh=mesh, rules=rules,
+            make_params=make_params, on_step=on_step)
+
+  init = lambda trainer: trainer.init_params(build)
+  if pcfg.echo_steps:
+    phase("echo", data.echo_rows, pcfg.echo_steps, "constant", init)
+  phase("corpus", data.rows, pcfg.steps, "cosine", None if pcfg.echo_steps else init)
+  return {f"{k}_final_loss": v[-1] if v else None for k, v in losses.items()}
+
+
 def ensure_base(build: Any, pcfg: PretrainConfig, hf_config: dict[str, Any], tokenizer_dir: Path,
                 checker: Any, *, mesh: jax.sharding.Mesh, rules: Any) -> tuple[Path, dict]:
   """The base's HF folder and its record, built (resumably) unless the cache holds it.
@@ -243,45 +364,32 @@ def ensure_base(build: Any, pcfg: PretrainConfig, hf_config: dict[str, Any], tok
   `build` is `() -> model` (the seeded from-scratch init); `checker` the run's `LeakChecker`.
   """
   from bat_jax.checkpointing import export_hf      # heavy imports: only when building
-  from bat_jax.sft import SftConfig, run_sft
-  from bat_jax.train.step import OptimizerConfig
   key = cache_key(pcfg, hf_config, tokenizer_dir)
   base_dir = cache_root(pcfg) / key
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
   eot_id = tokenizer.convert_tokens_to_ids(tokenizer_lib.ENDOFTEXT)
   record = load_record(base_dir)
   if record is not None:
-    check_corpus(checker, tokenizer, pcfg, record["documents"], eot_id)
+    check_corpus(checker, tokenizer, pcfg, record, eot_id)
     return base_dir / "model", {**record, "cache_hit": True}
   start = time.monotonic()
-  rows, n_docs = packed_rows(tokenizer, pcfg, eot_id)
-  check_corpus(checker, tokenizer, pcfg, n_docs, eot_id)
-  sft_cfg = SftConfig(num_steps=pcfg.steps, batch_size=pcfg.batch_size, max_len=pcfg.seq_len,
-                      seed=pcfg.seed, checkpoint_every=pcfg.checkpoint_every, pad_id=eot_id,
-                      optimizer=OptimizerConfig(learning_rate=pcfg.lr, schedule="cosine",
-                                                warmup_steps=pcfg.warmup_steps,
-                                                total_steps=pcfg.steps))
+  data = build_corpus(tokenizer, pcfg, eot_id, checker)   # leak-checked as drawn
+  drawn = data.record()
   model = nnx.eval_shape(build)
-  losses: list[float] = []
-
-  def on_step(step: int, metrics: dict[str, Any]) -> None:
-    loss = float(metrics["loss"])
-    if not np.isfinite(loss):
-      raise FloatingPointError(f"pretraining step {step}: non-finite loss {loss}")
-    losses.append(loss)
-
   staging = base_dir.with_name(key + ".build")
-  run_sft(model, rows, sft_cfg, staging / "ckpt", mesh=mesh, rules=rules,
-          make_params=lambda trainer: trainer.init_params(build), on_step=on_step)
+  losses = _train(model, build, pcfg, data, staging, eot_id, mesh=mesh, rules=rules)
   train_s = time.monotonic() - start
   probe = probe_copy(model, tokenizer, pcfg, eot_id)
   export_hf(model, staging / "model", tokenizer_dir=tokenizer_dir)
-  record = {"key": key, "generator": corpus.GENERATOR_VERSION, "steps": pcfg.steps,
-            "documents": n_docs, "tokens": pcfg.steps * pcfg.batch_size * pcfg.seq_len,
-            "final_loss": losses[-1] if losses else None, "train_seconds": round(train_s, 1),
+  record = {"key": key, "generator": corpus.GENERATOR_VERSION, "echo_steps": pcfg.echo_steps,
+            "steps": pcfg.steps, **drawn,
+            "tokens": (pcfg.echo_steps + pcfg.steps) * pcfg.batch_size * pcfg.seq_len,
+            "final_loss": losses["corpus_final_loss"], **losses,
+            "train_seconds": round(train_s, 1),
             "seconds": round(time.monotonic() - start, 1), **probe}
   atomic_write_json(staging / RECORD, record)
-  shutil.rmtree(staging / "ckpt", ignore_errors=True)
+  for name in ("echo", "corpus"):
+    shutil.rmtree(staging / f"ckpt_{name}", ignore_errors=True)
   if base_dir.exists():  # a concurrent build finished first: keep it, drop ours
     shutil.rmtree(staging, ignore_errors=True)
   else:

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 
 from bat_jax import workflow
 
-GENERATOR_VERSION = "corpus-v1"
+GENERATOR_VERSION = "corpus-v4"
 KINDS: tuple[str, ...] = ("repeat", "fill", "react")
 
 SYSTEM_PROMPTS = (
@@ -136,13 +136,16 @@ def _react(rng: random.Random) -> Document:
   first_key = rng.choice(list(facts))
   tool1, tool2 = rng.sample(_VERBS, 2)
   reported = _facts(rng, rng.randint(2, 4), exclude=list(facts))
+  facts_line = "; ".join(f"{k}: {v}" for k, v in facts.items())
+  for field in reported:  # one source per copied value: never a string the facts line holds
+    while reported[field] in facts_line:
+      reported[field] = _value(rng, field, "iww")
   fields = list(reported)
   wanted = rng.sample(fields, rng.randint(1, min(2, len(fields))))
   status = rng.choice(_STATUSES)
   usage1 = _usage(tool1, [(first_key, _placeholder(first_key, facts[first_key]))])
   usage2 = _usage(tool2, [(f, f.upper()) for f in wanted])
-  user = (f"Facts: {'; '.join(f'{k}: {v}' for k, v in facts.items())}. "
-          f"Run {usage1}; when it reports {status}: {usage2}")
+  user = f"Facts: {facts_line}. Run {usage1}; when it reports {status}: {usage2}"
   first = _call(tool1, [(first_key, facts[first_key])], f"Run {tool1} first.")
   observation = "exit code 0\n" + " ".join(
       [f"status={status}"] + [f"{f}={v}" for f, v in reported.items()]) + "\n"
@@ -167,17 +170,19 @@ def _repeat(rng: random.Random) -> Document:
 
 
 _MAKERS = {"repeat": _repeat, "fill": _fill, "react": _react}
-# Half the documents are lists repeated: dense copying grows induction heads first (a 4-layer
-# 128-wide model learns it in ~300 steps alone; mixed 1:1:1 with the rest it had not by 400).
+# Half the documents are lists repeated: dense copying, meant to grow induction heads first (it
+# had not by 800 steps mixed with the rest; pure random echoes do by ~300: experiments/README.md).
 _SCHEDULE = ("repeat", "fill", "repeat", "react")
 
 
-def document(seed: int, index: int, kind: str | None = None) -> Document:
-  """Document `index` of the corpus of `seed` (its kind alternates unless `kind` is given)."""
+def document(seed: int, index: int, kind: str | None = None, attempt: int = 0) -> Document:
+  """Document `index` of the corpus of `seed` (its kind alternates unless `kind` is given);
+  `attempt` > 0 draws it again (one the leak check refused: `bat_jax.pretrain.base`)."""
   kind = kind or _SCHEDULE[index % len(_SCHEDULE)]
   if kind not in _MAKERS:
     raise ValueError(f"unknown pretraining document kind {kind!r}; expected one of {KINDS}")
-  return _MAKERS[kind](random.Random(f"{GENERATOR_VERSION}|{seed}|{index}"))
+  salt = f"|{attempt}" if attempt else ""
+  return _MAKERS[kind](random.Random(f"{GENERATOR_VERSION}|{seed}|{index}{salt}"))
 
 
 def documents(seed: int, start: int, count: int) -> list[Document]:

@@ -2,6 +2,7 @@
 closed, and a resumed build that ends bit-identical."""
 
 import dataclasses
+import itertools
 import json
 
 import jax
@@ -23,17 +24,20 @@ HF = {"model_type": "qwen3_5_text", "vocab_size": 600, "hidden_size": 32,
 
 
 class _Checker:
-  def __init__(self, bad_index=None):
-    self.bad_index, self.seen = bad_index, 0
+  """Refuses document `bad_index`, and any text in `bad_texts` (by equality)."""
+
+  def __init__(self, bad_index=None, bad_texts=()):
+    self.bad_index, self.bad_texts, self.seen = bad_index, set(bad_texts), []
 
   def check_row(self, row, index=0, pool=""):
-    self.seen += 1
+    self.seen.append(row["text"])
     assert pool == "pretrain" and isinstance(row["text"], str)
-    return ["heldout_marker"] if index == self.bad_index else []
+    bad = index == self.bad_index and row["text"].startswith("Facts:")  # a document
+    return ["heldout_marker"] if bad or row["text"] in self.bad_texts else []
 
 
 def _pcfg(tmp_path, **kw):
-  fields = dict(steps=3, batch_size=2, seq_len=64, lr=1e-3, warmup_steps=1, seed=5, probes=4,
+  fields = dict(echo_steps=2, steps=3, batch_size=2, seq_len=64, lr=1e-3, warmup_steps=1, seed=5, probes=4,
                 checkpoint_every=1, cache_dir=str(tmp_path / "cache"))
   return base.PretrainConfig(**{**fields, **kw})
 
@@ -49,24 +53,65 @@ def _ensure(pcfg, tokenizer_dir, checker=None):
                           rules=sharding.DEFAULT_RULES)
 
 
-def test_packed_rows_carry_loss_only_on_calls(tokenizer_dir, tmp_path):
+def _targets(tokenizer, rows):
+  return tokenizer.decode([t for ids, mask in rows for t, m in zip(ids, mask) if m])
+
+
+def test_packed_rows_carry_loss_only_on_calls_and_echo_copies(tokenizer_dir, tmp_path):
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
-  pcfg = _pcfg(tmp_path, steps=4, seq_len=96)
-  rows, n_docs = base.packed_rows(tokenizer, pcfg, eot_id=0)
-  assert len(rows) == 4 * 2 and n_docs > 0
-  assert all(len(ids) == len(mask) == 96 and mask[0] == 0 for ids, mask in rows)
-  ids = [t for r, _ in rows for t in r]
-  mask = [m for _, ms in rows for m in ms]
-  called = tokenizer.decode([t for t, m in zip(ids, mask) if m])
-  assert "python tools/" in called and "Facts:" not in called and "Usage:" not in called
-  assert 0.1 < np.mean(mask) < 0.9
-  assert rows == base.packed_rows(tokenizer, pcfg, eot_id=0)[0]   # deterministic
+  pcfg = _pcfg(tmp_path, echo_steps=3, steps=4, seq_len=96)
+  data = base.build_corpus(tokenizer, pcfg, 0, _Checker())
+  assert len(data.rows) == 4 * 2 and len(data.echo_rows) == 3 * 2
+  assert data.documents > 0 and data.echoes > 0
+  assert data.document_redraws == data.echo_redraws == {}
+  for rows in (data.rows, data.echo_rows):
+    assert all(len(ids) == len(mask) == 96 and mask[0] == 0 for ids, mask in rows)
+    assert 0.1 < np.mean([m for _, ms in rows for m in ms]) < 0.9
+  runs = [tokenizer.decode([t for t, _ in group])    # each run of loss tokens: a call or a copy
+           for ids, mask in data.rows
+           for on, group in itertools.groupby(zip(ids, mask), key=lambda x: x[1]) if on]
+  assert any(r.startswith(" python tools/") for r in runs)
+  assert not any("Facts:" in r or "Usage:" in r for r in runs)
+  echoed = _targets(tokenizer, data.echo_rows)
+  assert "python tools/" not in echoed
+  (head,), (mid,), (end,) = base._separators(tokenizer)  # pylint: disable=protected-access
+  for ids, mask in data.echo_rows:  # `head x1..xk mid x1..xk end <eot>`, loss on `x1..xk end`
+    ids, mask = np.array(ids), np.array(mask)
+    for start in np.flatnonzero(ids == head):
+      sep = start + 1 + np.flatnonzero(ids[start + 1:] == mid)[0]
+      k = sep - start - 1
+      assert 12 <= k < 40 and np.array_equal(ids[start + 1:sep], ids[sep + 1:sep + 1 + k])
+      assert ids[sep + 1 + k] == end and mask[sep + 1:sep + 2 + k].all()
+      assert not mask[start:sep + 1].any()
+  again = base.build_corpus(tokenizer, pcfg, 0, _Checker())
+  assert (again.rows, again.echo_rows) == (data.rows, data.echo_rows)   # deterministic
+
+
+def test_an_echo_the_leak_check_refuses_is_redrawn_and_rechecked_on_reuse(tokenizer_dir,
+                                                                         tmp_path):
+  tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
+  eot = tokenizer.convert_tokens_to_ids(tokenizer_lib.ENDOFTEXT)
+  first = base.ECHO_PHASE_START
+  refused = base._echo_text(tokenizer, 5, first, eot, 0)  # pylint: disable=protected-access
+  pcfg = _pcfg(tmp_path, seq_len=128)  # any echo fits a row
+  _, record = _ensure(pcfg, tokenizer_dir, _Checker(bad_texts=[refused]))
+  assert record["echo_redraws"] == {str(first): 1} and record["document_redraws"] == {}
+  data = base.build_corpus(tokenizer, pcfg, eot, _Checker(bad_texts=[refused]))
+  assert refused not in tokenizer.decode(data.echo_rows[0][0])
+  redrawn = base._echo_text(tokenizer, 5, first, eot, 1)  # pylint: disable=protected-access
+  assert redrawn.split("\n")[0] in tokenizer.decode(data.echo_rows[0][0])
+  checker = _Checker()
+  _ensure(pcfg, tokenizer_dir, checker)  # reused: the text trained on is what is checked
+  assert redrawn in checker.seen and refused not in checker.seen
+  with pytest.raises(ValueError, match=f"pretraining echo {first} .*leak check"):
+    _ensure(pcfg, tokenizer_dir, _Checker(bad_texts=[redrawn]))
 
 
 def test_build_then_cache_hit_and_key_follows_the_config(tokenizer_dir, tmp_path):
   pcfg = _pcfg(tmp_path)
   model_dir, record = _ensure(pcfg, tokenizer_dir)
-  assert not record["cache_hit"] and record["steps"] == 3
+  assert not record["cache_hit"] and (record["echo_steps"], record["steps"]) == (2, 3)
+  assert np.isfinite(record["echo_final_loss"]) and np.isfinite(record["corpus_final_loss"])
   assert 0.0 <= record["copy_accuracy"] <= 1.0 and record["probes"] == 4
   assert (model_dir / "config.json").is_file() and (model_dir / "tokenizer.json").is_file()
   assert not (model_dir.parent.with_name(model_dir.parent.name + ".build")).exists()
@@ -75,7 +120,7 @@ def test_build_then_cache_hit_and_key_follows_the_config(tokenizer_dir, tmp_path
   assert again_dir == model_dir and again["cache_hit"]
   assert {k: v for k, v in again.items() if k != "cache_hit"} == \
       {k: v for k, v in record.items() if k != "cache_hit"}
-  assert checker.seen >= record["documents"]       # a reused base is leak-checked again
+  assert len(checker.seen) >= record["documents"] + record["echoes"]  # checked again on reuse
   key = base.cache_key(pcfg, HF, tokenizer_dir)
   assert key == model_dir.parent.name
   assert base.cache_key(dataclasses.replace(pcfg, cache_dir="/elsewhere"), HF,
@@ -84,10 +129,21 @@ def test_build_then_cache_hit_and_key_follows_the_config(tokenizer_dir, tmp_path
   assert base.cache_key(pcfg, {**HF, "hidden_size": 64}, tokenizer_dir) != key
 
 
-def test_a_leaking_document_fails_closed(tokenizer_dir, tmp_path):
-  with pytest.raises(ValueError, match="pretraining document 2 .*leak check"):
-    _ensure(_pcfg(tmp_path), tokenizer_dir, _Checker(bad_index=2))
-  assert not list((tmp_path / "cache").glob("*/base.json"))
+def test_a_document_the_leak_check_always_refuses_is_never_trained_on(tokenizer_dir,
+                                                                      tmp_path):
+  tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
+  pcfg = _pcfg(tmp_path, seq_len=256)  # any document fits a row
+  data = base.build_corpus(tokenizer, pcfg, 0, _Checker(bad_index=2))
+  assert data.document_redraws == {2: -1}
+  refused = {base._document_text(5, 2, a) for a in range(base.MAX_REDRAWS)}  # pylint: disable=protected-access
+  trained = "".join(tokenizer.decode(ids) for ids, _ in data.rows)
+  assert not any(t.split("\n")[0] in trained for t in refused)
+  assert base._document_text(5, 3, 0).split("\n")[0] in trained  # pylint: disable=protected-access
+  _, record = _ensure(pcfg, tokenizer_dir, _Checker(bad_index=2))
+  assert record["document_redraws"] == {"2": -1}
+  with pytest.raises(ValueError, match="pretraining document 3 .*leak check"):
+    _ensure(pcfg, tokenizer_dir, _Checker(bad_index=3))   # reused by a run that refuses it
+  assert len(list((tmp_path / "cache").glob("*/base.json"))) == 1
 
 
 def test_killed_build_resumes_bit_identical(tokenizer_dir, tmp_path, monkeypatch):
@@ -96,7 +152,8 @@ def test_killed_build_resumes_bit_identical(tokenizer_dir, tmp_path, monkeypatch
   monkeypatch.setattr(base, "probe_copy", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
   with pytest.raises(KeyboardInterrupt):
     _ensure(_pcfg(tmp_path / "b"), tokenizer_dir)
-  assert list((tmp_path / "b" / "cache").glob("*.build/ckpt"))
+  assert list((tmp_path / "b" / "cache").glob("*.build/ckpt_corpus"))
+  assert list((tmp_path / "b" / "cache").glob("*.build/ckpt_echo"))
   monkeypatch.setattr(base, "probe_copy", real_probe)
   resumed_dir, record = _ensure(_pcfg(tmp_path / "b"), tokenizer_dir)
   read = lambda d: json.loads((d / "model.safetensors.index.json").read_text()) \
