@@ -93,6 +93,8 @@ BOUNDS: Mapping[str, Bound] = {
     # sft
     "pretrain.echo_steps": Bound(0, 1e8, "steps"), "pretrain.steps": _STEPS,
     "pretrain.batch_size": _count(1 * M, "rows per step"),
+    "pretrain.echo_batch_size": _count(1 * M, "rows per step"),
+    "pretrain.echo_seq_len": _TOKENS,
     "pretrain.seq_len": _TOKENS, "pretrain.lr": _LR,
     "pretrain.warmup_steps": Bound(0, 1e8, "steps"), "pretrain.seed": _SEED,
     "pretrain.probes": _count(1e5, "probe documents"),

@@ -96,6 +96,8 @@ def pretrain_config() -> ml_collections.ConfigDict:
   # Echoes only first, at a held learning rate (the copying plateau ends at ~250-350 steps),
   # then the corpus with a cosine decay (experiments/README.md, "The tiny base").
   s.echo_steps = 400
+  s.echo_batch_size = 64         # short rows of short echoes: the plateau ends by step ~150
+  s.echo_seq_len = 64
   s.steps = 400
   s.batch_size = 16
   s.seq_len = 256                # packed plain-text documents, next-token loss on every token

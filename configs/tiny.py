@@ -70,6 +70,8 @@ SMOKE_OVERRIDES = {
     "model.hf_config.num_hidden_layers": 2,
     "model.hf_config.layer_types": ("linear_attention", "full_attention"),
     "pretrain.echo_steps": 2,
+    "pretrain.echo_batch_size": 4,
+    "pretrain.echo_seq_len": 64,
     "pretrain.steps": 4,
     "pretrain.batch_size": 4,
     "pretrain.seq_len": 128,

@@ -39,7 +39,8 @@ def hf_config(args) -> dict:
   return cfg
 
 
-def echo_rows(n_rows: int, seq: int, alphabet: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def echo_rows(n_rows: int, seq: int, alphabet: int, seed: int, lengths: tuple[int, int] = (12, 40)
+              ) -> tuple[np.ndarray, np.ndarray]:
   """`(ids, loss mask)`, both `[n_rows, seq]`: whole echo documents over token ids
   `3..alphabet+2`, padded with <eot> (id 2)."""
   rng = np.random.default_rng(seed)
@@ -48,7 +49,7 @@ def echo_rows(n_rows: int, seq: int, alphabet: int, seed: int) -> tuple[np.ndarr
   for r in range(n_rows):
     pos = 0
     while True:
-      k = int(rng.integers(12, 40))
+      k = int(rng.integers(*lengths))
       if pos + 2 * k + 3 > seq:
         break
       xs = rng.choice(np.arange(3, 3 + alphabet), size=k, replace=False)
@@ -84,7 +85,8 @@ def run_jax(args, weights_dir: str, conn) -> None:
       graphdef, sft_loss_fn(), opt, train.StepConfig(num_micro_batches=1)))
   state = train.init_train_state(params, opt, seed=0)
   frozen = {"rest": rest, "ref_params": None}
-  ids, mask = echo_rows(args.steps * args.batch, args.seq, args.alphabet, args.seed + 1)
+  ids, mask = echo_rows(args.steps * args.batch, args.seq, args.alphabet, args.seed + 1,
+                        (args.kmin, args.kmax))
   curve, start = [], time.perf_counter()
   for s in range(args.stop or args.steps):
     rows = slice(s * args.batch, (s + 1) * args.batch)
@@ -93,6 +95,8 @@ def run_jax(args, weights_dir: str, conn) -> None:
     state, metrics = step_fn(state, batch, frozen)
     if (s + 1) % args.every == 0:
       curve.append(float(metrics["loss"]))
+      print(f"jax step {s + 1}: {curve[-1]:.3f} ({time.perf_counter() - start:.0f} s)",
+            flush=True)
   conn.send({"curve": curve, "seconds": time.perf_counter() - start})
 
 
@@ -105,7 +109,8 @@ def run_torch(args, weights_dir: str, conn) -> None:
                                                             dtype=torch.float32).train()
   opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
                           weight_decay=0.0)
-  ids, mask = echo_rows(args.steps * args.batch, args.seq, args.alphabet, args.seed + 1)
+  ids, mask = echo_rows(args.steps * args.batch, args.seq, args.alphabet, args.seed + 1,
+                        (args.kmin, args.kmax))
   curve, start = [], time.perf_counter()
   for s in range(args.stop or args.steps):
     for group in opt.param_groups:
@@ -133,6 +138,8 @@ def main() -> None:
   p.add_argument("--batch", type=int, default=16)
   p.add_argument("--seq", type=int, default=256)
   p.add_argument("--vocab", type=int, default=1024)
+  p.add_argument("--kmin", type=int, default=12, help="shortest list an echo copies")
+  p.add_argument("--kmax", type=int, default=40, help="longest list + 1")
   p.add_argument("--alphabet", type=int, default=1021, help="distinct tokens documents draw")
   p.add_argument("--width", type=int, default=128)
   p.add_argument("--layers", default="F,F,F,F", help="comma list of F (attention) / L (DeltaNet)")

@@ -50,6 +50,8 @@ PROBE_SEED_OFFSET = 1_000_003   # probes come from another seed's documents: nev
 class PretrainConfig:
   """The `pretrain` config section (see configs/base.py)."""
   echo_steps: int
+  echo_batch_size: int
+  echo_seq_len: int
   steps: int
   batch_size: int
   seq_len: int
@@ -103,6 +105,11 @@ def _encoded_documents(tokenizer: Any, docs: Sequence[corpus.Document], eot_id: 
 
 ECHO_SHARE = 2   # every ECHO_SHARE-th packed document is an echo (`_echo`)
 ECHO_PHASE_START = 10_000_000   # echo indices of the echo-only first phase (never a document's)
+# Lists an echo copies, by phase. Short lists in short rows end the copying plateau by step
+# ~100-150, where 12-40 pieces in 256-token rows took 250-350 or never (at init attention is
+# spread over the whole row, so the look-back signal is ~1/row length; experiments/README.md).
+# The corpus phase's echoes are long, so the heads it grew carry over to the world's long rows.
+ECHO_LENGTHS = {"echo": (4, 14), "corpus": (12, 40)}
 MAX_REDRAWS = 8   # an echo the leak check refuses is drawn again, at most this many times
 
 
@@ -134,7 +141,8 @@ def _echo(tokenizer: Any, seed: int, index: int, eot_id: int, attempt: int = 0
   there is (every repeated piece is predictable only by looking back), the one on which
   induction heads form (experiments/README.md, "The tiny base")."""
   rng = np.random.default_rng([seed, index, 7, attempt])
-  pieces = rng.choice(_echo_pool(tokenizer), size=int(rng.integers(12, 40)),
+  lengths = ECHO_LENGTHS["echo" if index >= ECHO_PHASE_START else "corpus"]
+  pieces = rng.choice(_echo_pool(tokenizer), size=int(rng.integers(*lengths)),
                       replace=False).tolist()
   head, mid, end = _separators(tokenizer)
   ids = head + pieces + mid + pieces + end + [eot_id]
@@ -231,8 +239,8 @@ def build_corpus(tokenizer: Any, pcfg: PretrainConfig, eot_id: int, checker: Any
         if i % ECHO_SHARE == 0 and (drawn := echo(i)) is not None:
           yield drawn
 
-  echo_rows = (_pack(echoes(), pcfg.echo_steps * pcfg.batch_size, pcfg.seq_len, eot_id)
-               if pcfg.echo_steps else [])
+  echo_rows = (_pack(echoes(), pcfg.echo_steps * pcfg.echo_batch_size, pcfg.echo_seq_len,
+                     eot_id) if pcfg.echo_steps else [])
   rows = _pack(documents(), pcfg.steps * pcfg.batch_size, pcfg.seq_len, eot_id)
   return Corpus(echo_rows, rows, counts["documents"], counts["echoes"], doc_redraws,
                 echo_redraws)
@@ -334,8 +342,9 @@ def _train(model: nnx.Module, build: Any, pcfg: PretrainConfig, data: Corpus, st
   from bat_jax.train.step import OptimizerConfig
   losses: dict[str, list[float]] = {"echo": [], "corpus": []}
 
-  def phase(name: str, rows, steps: int, schedule: str, make_params) -> None:
-    cfg = SftConfig(num_steps=steps, batch_size=pcfg.batch_size, max_len=pcfg.seq_len,
+  def phase(name: str, rows, steps: int, shape: tuple[int, int], schedule: str,
+            make_params) -> None:
+    cfg = SftConfig(num_steps=steps, batch_size=shape[0], max_len=shape[1],
                     seed=pcfg.seed, checkpoint_every=pcfg.checkpoint_every, pad_id=eot_id,
                     optimizer=OptimizerConfig(learning_rate=pcfg.lr, schedule=schedule,
                                               warmup_steps=pcfg.warmup_steps,
@@ -352,8 +361,10 @@ def _train(model: nnx.Module, build: Any, pcfg: PretrainConfig, data: Corpus, st
 
   init = lambda trainer: trainer.init_params(build)
   if pcfg.echo_steps:
-    phase("echo", data.echo_rows, pcfg.echo_steps, "constant", init)
-  phase("corpus", data.rows, pcfg.steps, "cosine", None if pcfg.echo_steps else init)
+    phase("echo", data.echo_rows, pcfg.echo_steps, (pcfg.echo_batch_size, pcfg.echo_seq_len),
+          "constant", init)
+  phase("corpus", data.rows, pcfg.steps, (pcfg.batch_size, pcfg.seq_len), "cosine",
+        None if pcfg.echo_steps else init)
   return {f"{k}_final_loss": v[-1] if v else None for k, v in losses.items()}
 
 
@@ -383,7 +394,8 @@ def ensure_base(build: Any, pcfg: PretrainConfig, hf_config: dict[str, Any], tok
   export_hf(model, staging / "model", tokenizer_dir=tokenizer_dir)
   record = {"key": key, "generator": corpus.GENERATOR_VERSION, "echo_steps": pcfg.echo_steps,
             "steps": pcfg.steps, **drawn,
-            "tokens": (pcfg.echo_steps + pcfg.steps) * pcfg.batch_size * pcfg.seq_len,
+            "tokens": (pcfg.echo_steps * pcfg.echo_batch_size * pcfg.echo_seq_len
+                       + pcfg.steps * pcfg.batch_size * pcfg.seq_len),
             "final_loss": losses["corpus_final_loss"], **losses,
             "train_seconds": round(train_s, 1),
             "seconds": round(time.monotonic() - start, 1), **probe}

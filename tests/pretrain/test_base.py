@@ -37,8 +37,9 @@ class _Checker:
 
 
 def _pcfg(tmp_path, **kw):
-  fields = dict(echo_steps=2, steps=3, batch_size=2, seq_len=64, lr=1e-3, warmup_steps=1, seed=5, probes=4,
-                checkpoint_every=1, cache_dir=str(tmp_path / "cache"))
+  fields = dict(echo_steps=2, echo_batch_size=3, echo_seq_len=48, steps=3, batch_size=2,
+                seq_len=64, lr=1e-3, warmup_steps=1, seed=5, probes=4, checkpoint_every=1,
+                cache_dir=str(tmp_path / "cache"))
   return base.PretrainConfig(**{**fields, **kw})
 
 
@@ -61,11 +62,11 @@ def test_packed_rows_carry_loss_only_on_calls_and_echo_copies(tokenizer_dir, tmp
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
   pcfg = _pcfg(tmp_path, echo_steps=3, steps=4, seq_len=96)
   data = base.build_corpus(tokenizer, pcfg, 0, _Checker())
-  assert len(data.rows) == 4 * 2 and len(data.echo_rows) == 3 * 2
+  assert len(data.rows) == 4 * 2 and len(data.echo_rows) == 3 * 3   # steps x each phase's rows
   assert data.documents > 0 and data.echoes > 0
   assert data.document_redraws == data.echo_redraws == {}
-  for rows in (data.rows, data.echo_rows):
-    assert all(len(ids) == len(mask) == 96 and mask[0] == 0 for ids, mask in rows)
+  for rows, width in ((data.rows, 96), (data.echo_rows, 48)):
+    assert all(len(ids) == len(mask) == width and mask[0] == 0 for ids, mask in rows)
     assert 0.1 < np.mean([m for _, ms in rows for m in ms]) < 0.9
   runs = [tokenizer.decode([t for t, _ in group])    # each run of loss tokens: a call or a copy
            for ids, mask in data.rows
@@ -75,14 +76,22 @@ def test_packed_rows_carry_loss_only_on_calls_and_echo_copies(tokenizer_dir, tmp
   echoed = _targets(tokenizer, data.echo_rows)
   assert "python tools/" not in echoed
   (head,), (mid,), (end,) = base._separators(tokenizer)  # pylint: disable=protected-access
-  for ids, mask in data.echo_rows:  # `head x1..xk mid x1..xk end <eot>`, loss on `x1..xk end`
-    ids, mask = np.array(ids), np.array(mask)
-    for start in np.flatnonzero(ids == head):
-      sep = start + 1 + np.flatnonzero(ids[start + 1:] == mid)[0]
-      k = sep - start - 1
-      assert 12 <= k < 40 and np.array_equal(ids[start + 1:sep], ids[sep + 1:sep + 1 + k])
-      assert ids[sep + 1 + k] == end and mask[sep + 1:sep + 2 + k].all()
-      assert not mask[start:sep + 1].any()
+  lists = {"echo": [], "corpus": []}
+  for phase, rows in (("echo", data.echo_rows), ("corpus", data.rows)):
+    for ids, mask in rows:  # `head x1..xk mid x1..xk end <eot>`, loss on `x1..xk end`
+      ids, mask = np.array(ids), np.array(mask)
+      for start in np.flatnonzero(ids == head):
+        if start > 0 and ids[start - 1] != 0:
+          continue  # a `:` inside a document; an echo's head opens a row or follows <eot>
+        sep = start + 1 + np.flatnonzero(ids[start + 1:] == mid)[0]
+        k = sep - start - 1
+        assert np.array_equal(ids[start + 1:sep], ids[sep + 1:sep + 1 + k])
+        assert ids[sep + 1 + k] == end and mask[sep + 1:sep + 2 + k].all()
+        assert not mask[start:sep + 1].any()
+        lists[phase].append(k)
+  # Short lists in the echo-only phase, long ones among the corpus (base.ECHO_LENGTHS).
+  assert lists["echo"] and all(4 <= k < 14 for k in lists["echo"])
+  assert lists["corpus"] and all(12 <= k < 40 for k in lists["corpus"])
   again = base.build_corpus(tokenizer, pcfg, 0, _Checker())
   assert (again.rows, again.echo_rows) == (data.rows, data.echo_rows)   # deterministic
 
