@@ -108,7 +108,8 @@ ECHO_PHASE_START = 10_000_000   # echo indices of the echo-only first phase (nev
 # Lists an echo copies, by phase. Short lists in short rows end the copying plateau by step
 # ~100-150, where 12-40 pieces in 256-token rows took 250-350 or never (at init attention is
 # spread over the whole row, so the look-back signal is ~1/row length; experiments/README.md).
-# The corpus phase's echoes are long, so the heads it grew carry over to the world's long rows.
+# The corpus phase's echoes are long, meant to carry the heads over to the world's long rows
+# (not yet shown: the measured base still copies 0 of its probe calls).
 ECHO_LENGTHS = {"echo": (4, 14), "corpus": (12, 40)}
 MAX_REDRAWS = 8   # an echo the leak check refuses is drawn again, at most this many times
 
@@ -239,6 +240,10 @@ def build_corpus(tokenizer: Any, pcfg: PretrainConfig, eot_id: int, checker: Any
         if i % ECHO_SHARE == 0 and (drawn := echo(i)) is not None:
           yield drawn
 
+  longest = sum(map(len, _separators(tokenizer))) + 1 + 2 * (ECHO_LENGTHS["echo"][1] - 1)
+  if pcfg.echo_steps and pcfg.echo_seq_len < longest:  # `_pack` would skip every echo, forever
+    raise ValueError(f"pretrain.echo_seq_len={pcfg.echo_seq_len} is shorter than the longest "
+                     f"echo-phase echo ({longest} tokens); set it to at least {longest}")
   echo_rows = (_pack(echoes(), pcfg.echo_steps * pcfg.echo_batch_size, pcfg.echo_seq_len,
                      eot_id) if pcfg.echo_steps else [])
   rows = _pack(documents(), pcfg.steps * pcfg.batch_size, pcfg.seq_len, eot_id)

@@ -174,3 +174,9 @@ def test_killed_build_resumes_bit_identical(tokenizer_dir, tmp_path, monkeypatch
   for name in files:
     a, b = load_file(whole_dir / name), load_file(resumed_dir / name)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_an_echo_row_shorter_than_the_longest_echo_is_refused_by_name(tokenizer_dir, tmp_path):
+  tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
+  with pytest.raises(ValueError, match="pretrain.echo_seq_len=20 is shorter"):
+    base.build_corpus(tokenizer, _pcfg(tmp_path, echo_seq_len=20), 0, _Checker())
