@@ -314,9 +314,11 @@ class MarkerMatcher:
       yield normalize_text(variant)
 
   def _leet_hits(self, normal: str, out: list) -> None:
-    """Squashed markers in the leet fold of `normal`, looked for only where a window holds a
-    leet character (elsewhere the fold adds nothing the plain scan has not matched)."""
-    folded = "".join(_TOKEN_RE.findall(leet_fold(normal)))
+    """Markers in the leet fold of `normal`: squashed, looked for only where a window holds a
+    leet character (elsewhere the fold adds nothing the plain scan has not matched), and as
+    whole-token windows."""
+    fold_tokens = tuple(_TOKEN_RE.findall(leet_fold(normal)))
+    folded = "".join(fold_tokens)
     marks = "".join(_TOKEN_RE.findall(leet_marks(normal)))
     spans: list[list[int]] = []
     at = marks.find(LEET_MARK)
@@ -331,6 +333,11 @@ class MarkerMatcher:
     last = len(folded) - SQUASH_MIN + 1
     # All spans in one pass (one set of windows), not one pass per span.
     self._squash_hits(folded, [i for lo, hi in spans for i in range(lo, min(hi, last))], out)
+    # Whole-token windows of the fold: a short or hex-like marker's fold is exported as tokens
+    # only ("vst_4d75" -> "vst adts"), so "v57_4d75" is found here, never glued.
+    token_digests = self._digests(list(fold_tokens))
+    firsts = [j for j, d in enumerate(token_digests) if d is not None and d in self._firsts]
+    self._token_hits(fold_tokens, token_digests, firsts, out)
 
   def _junction(self, tail, head) -> tuple[tuple[str, int, str], ...]:
     """Hits that straddle the boundary of two strings (the tail of one, the head of the next):

@@ -120,19 +120,7 @@ def _hit(checker, row):
   return any(f.reason == "heldout_marker" for f in checker.check_row(row))
 
 
-# Gaps these fixed cells expose (issue 24, still open): short hex-like ids ("vst_4d75") in
-# leetspeak, and one report text with every third word dropped. Strict: a fix must drop them.
-def _known_gap(form, why):
-  return pytest.param(form, marks=pytest.mark.xfail(strict=True, reason=why))
-
-
-_FORM_CASES = [_known_gap(f, "leet fold of short hex-like ids: known gap") if f == "leetspeak"
-               else f for f in sorted(FORMS)]
-_NEAR_CASES = [_known_gap(f, "pair containment under 30% for a dropped-word report: known gap")
-               if f == "drop_every_3rd" else f for f in sorted(NEAR_DUPLICATES)]
-
-
-@pytest.mark.parametrize("form", _FORM_CASES)
+@pytest.mark.parametrize("form", sorted(FORMS))
 def test_heldout_string_in_form_is_rejected(heldout, form):
   checker, short, _ = heldout
   picked = random.Random(form).sample(short, 8)
@@ -157,7 +145,7 @@ def test_few_letter_markers_are_not_matched_in_every_shift():
   assert _hit(checker, _row("see qr-895")) and _hit(checker, _row("see de-895"))  # rot13 stays
 
 
-@pytest.mark.parametrize("form", _NEAR_CASES)
+@pytest.mark.parametrize("form", sorted(NEAR_DUPLICATES))
 def test_near_duplicate_report_text_is_rejected(heldout, form):
   checker, _, long = heldout
   # The long texts exported as shingles: those not made of public phrasing (brief openings).
