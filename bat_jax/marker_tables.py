@@ -1,6 +1,6 @@
 """The hashed export of held-out markers: its constants, tokenisation and tables.
 
-The scheme (version 3) is described in `bat_jax.markers`, which re-exports everything public
+The scheme (version 4) is described in `bat_jax.markers`, which re-exports everything public
 here; this module is the export side (`export_markers`), the matcher lives there.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 from bat_jax import marker_fuzzy
 from bat_jax.text_normal import caesar, leet_fold, normalize_text
 
-SCHEME = "bat_jax.markers/v3"
+SCHEME = "bat_jax.markers/v4"
 MIN_MARKER_CHARS = 4
 DEFAULT_WINDOW = 8
 SQUASH_MIN = 5   # squashed markers at least this long are found glued into any text
@@ -90,7 +90,8 @@ class _ExportTables:
     self.shingles: set[tuple[str, ...]] = set()
     self.vocab: set[str] = set()
     self.prefixes: set[str] = set()
-    self.firsts: set[str] = set()  # first tokens of every window and n-gram of 2+ tokens
+    # First tokens of every window of n >= 2 tokens, by n, and of every n-gram ("gram").
+    self.firsts: dict[int | str, set[str]] = {}
 
   def _hash(self, payload: str) -> str:
     return _hash_tokens(self.base, [payload])
@@ -103,7 +104,7 @@ class _ExportTables:
       for j in range(len(tokens) - n + 1):
         grams.add(_hash_tokens(self.base, tokens[j:j + n]))
         if n > 1:
-          self.firsts.add(self._hash(tokens[j]))
+          self.firsts.setdefault(n, set()).add(self._hash(tokens[j]))
       squashed = "".join(tokens)
       if glued and SQUASH_MIN <= len(squashed) <= SQUASH_MAX and not _HEXISH_RE.fullmatch(squashed):
         self.squash.setdefault(len(squashed), set()).add(self._hash(squashed))
@@ -117,7 +118,7 @@ class _ExportTables:
       group = {_hash_tokens(self.base, tokens[j:j + GRAM_N]) for j in kept}
       if len(group) >= GRAM_HITS:
         self.groups.add(tuple(sorted(group)))
-        self.firsts.update(self._hash(tokens[j]) for j in kept)
+        self.firsts.setdefault("gram", set()).update(self._hash(tokens[j]) for j in kept)
 
   def _add_fuzzy(self, tokens: tuple[str, ...]) -> None:
     """Shingles of a long marker; prefixes of one matched squashed (`bat_jax.marker_fuzzy`)."""
@@ -136,7 +137,7 @@ class _ExportTables:
         "hashes": {str(n): sorted(h) for n, h in sorted(self.hashes.items()) if h},
         "squash": {str(n): sorted(h) for n, h in sorted(self.squash.items())},
         "anchors": {a: sorted(ls) for a, ls in sorted(self.anchors.items())},
-        "firsts": sorted(self.firsts),
+        "firsts": {str(k): sorted(h) for k, h in sorted(self.firsts.items(), key=str)},
         "grams": {"n": GRAM_N, "min_hits": GRAM_HITS, "groups": sorted(self.groups)},
         "shingles": {"span": fuzzy.SHINGLE_SPAN, "containment": fuzzy.SHINGLE_CONTAINMENT,
                      "min_hits": fuzzy.SHINGLE_MIN_HITS, "vocab": sorted(self.vocab),

@@ -5,7 +5,7 @@ names, report text). It exports them *hashed only* with `export_markers`; the St
 export into a `MarkerMatcher` and scans every row it is about to publish. The training side
 therefore never holds plaintext held-out content, yet can still find it.
 
-Matching scheme (version 3). Everything is hashed as `sha256(salt + b"\\x00" + payload)`:
+Matching scheme (version 4). Everything is hashed as `sha256(salt + b"\\x00" + payload)`:
 
 1. Normalise (`bat_jax.text_normal.normalize_text`): NFKD, drop format characters, combining
    marks and default-ignorable code points (Hangul fillers), NFKC, the UTS #39 confusables
@@ -18,8 +18,9 @@ Matching scheme (version 3). Everything is hashed as `sha256(salt + b"\\x00" + p
 4. Export tables (each entry for the marker's forms: the normal form, its reversal, its rot13,
    its leetspeak fold and, for markers of at most `window` tokens, all 25 Caesar shifts):
    - `hashes[n]`: a marker of n <= `window` tokens as one hash of its token sequence; a longer
-     one as all its `window`-token windows. `firsts`: the hash of every first token of such a
-     window (and of an n-gram below), so a scan hashes only windows that start with one.
+     one as all its `window`-token windows. `firsts[n]`: the hash of every first token of an
+     n-token window (n >= 2), `firsts["gram"]` of an n-gram below, so a scan hashes only the
+     windows of each length that start with one (common words start only long windows).
    - `squash[L]` + `anchors`: a marker whose squashed form has `SQUASH_MIN..SQUASH_MAX` chars, as
      the hash of that form, plus the hash of its first `SQUASH_MIN` chars -> [L, ...] so a scan
      hashes each position of a text once and checks full lengths only behind an anchor hit
@@ -139,7 +140,7 @@ class MarkerMatcher:
     self._squash = self._length_table(export, "squash")
     self._anchors = {a: tuple(ls) for a, ls in export["anchors"].items()}
     self._longest_squash = max(self._squash, default=SQUASH_MIN)
-    self._firsts = frozenset(export["firsts"])
+    self._load_firsts(export["firsts"])
     grams = export["grams"]
     if int(grams.get("n", GRAM_N)) != GRAM_N:
       raise ValueError(f"marker export field 'grams.n' is {grams.get('n')!r}, not {GRAM_N}")
@@ -179,6 +180,14 @@ class MarkerMatcher:
       for h in group:
         self._shingle_groups.setdefault(h, []).append(gid)
     self._prefixes = frozenset(pieces["prefixes"])
+
+  def _load_firsts(self, firsts: Any) -> None:
+    if not isinstance(firsts, Mapping):
+      raise ValueError("marker export field 'firsts' is not a table of lengths")
+    self._gram_firsts = frozenset(firsts.get("gram", ()))
+    self._firsts_by_n = self._length_table({"firsts": {k: v for k, v in firsts.items()
+                                                       if k != "gram"}}, "firsts")
+    self._firsts = self._gram_firsts.union(*self._firsts_by_n.values())
 
   @staticmethod
   def _length_table(export: Mapping[str, Any], field: str) -> dict[int, frozenset[str]]:
@@ -226,8 +235,12 @@ class MarkerMatcher:
       if n > 1 and not firsts:
         break  # `_lengths` ascend: no longer window can start anywhere
       table = self._hashes[n]
-      digests = token_digests if n == 1 else self._digests(
-          _JOIN.join(tokens[j:j + n]) for j in firsts if j + n <= len(tokens))
+      if n > 1:
+        starts = self._firsts_by_n.get(n, frozenset())
+        digests = self._digests([_JOIN.join(tokens[j:j + n]) for j in firsts
+                                 if j + n <= len(tokens) and token_digests[j] in starts])
+      else:
+        digests = token_digests
       for d in digests:
         if d is not None and d in table:
           out.append(("tokens", n, d))
@@ -244,11 +257,14 @@ class MarkerMatcher:
         seen.clear()
         self._anchor_windows.clear()
         new = distinct
-      for w in new:
-        d = self._digest_if_known(w)
+      base, anchors = self._base, self._anchors
+      for w in new:  # hashed inline: `_anchor_seen` is this table's memo, not `_known`
+        h = base.copy()
+        h.update(w.encode("utf-8"))
+        d = h.hexdigest()
         seen[w] = None
-        if d is not None and d in self._anchors:
-          self._anchor_windows[w] = self._anchors[d]
+        if d in anchors:
+          self._anchor_windows[w] = anchors[d]
     return distinct.intersection(self._anchor_windows)
 
   def _squash_hits(self, squashed: str, starts: Sequence[int], out: list) -> None:
@@ -267,10 +283,12 @@ class MarkerMatcher:
           if d is not None and d in self._squash.get(n, ()):
             out.append(("squashed", n, d))
 
-  def _grams(self, tokens: tuple[str, ...], firsts: list[int]) -> set[str]:
+  def _grams(self, tokens: tuple[str, ...], token_digests: list, firsts: list[int]) -> set[str]:
     if not self._gram_groups or not firsts:
       return set()
-    windows = (_JOIN.join(tokens[j:j + GRAM_N]) for j in firsts if j + GRAM_N <= len(tokens))
+    starts = self._gram_firsts
+    windows = [_JOIN.join(tokens[j:j + GRAM_N]) for j in firsts
+               if j + GRAM_N <= len(tokens) and token_digests[j] in starts]
     return {d for d in self._digests(windows) if d is not None and d in self._gram_groups}
 
   def _scan(self, text: str) -> _TextScan:
@@ -291,7 +309,7 @@ class MarkerMatcher:
       self._squash_hits(squashed, range(len(squashed) - SQUASH_MIN + 1), hits)
       if has_leet(normal):
         self._leet_hits(normal, hits)
-      grams |= self._grams(var_tokens, firsts)
+      grams |= self._grams(var_tokens, token_digests, firsts)
       starts = starts if k else tuple(i for i, d in enumerate(token_digests)
                                       if d is not None and d in self._prefixes)
       if self._vocab:
@@ -350,20 +368,21 @@ class MarkerMatcher:
     tokens, cut = tail[0] + head[0], len(tail[0])
     # A straddling window has 2+ tokens, so it starts with a token in `firsts` (as in `_scan`).
     lo = max(0, cut - self._edge)
-    starts = [j for j, d in zip(range(lo, cut), self._digests(list(tokens[lo:cut])))
+    starts = [(j, d) for j, d in zip(range(lo, cut), self._digests(list(tokens[lo:cut])))
               if d is not None and d in self._firsts]
     for n in (self._lengths if starts else ()):
-      table = self._hashes[n]
-      for d in self._digests([_JOIN.join(tokens[j:j + n]) for j in starts
-                              if j > cut - n and j + n <= len(tokens)]):
+      table, firsts_n = self._hashes[n], self._firsts_by_n.get(n, frozenset())
+      for d in self._digests([_JOIN.join(tokens[j:j + n]) for j, first in starts
+                              if j > cut - n and j + n <= len(tokens) and first in firsts_n]):
         if d is not None and d in table:
           hits.append(("tokens", n, d))
     squashed = tail[1][-JUNCTION_CHARS:] + head[1]
     self._squash_hits(squashed, range(max(0, len(squashed) - len(head[1]) - JUNCTION_CHARS),
                                       len(squashed) - len(head[1])), hits)
     if self._gram_groups and starts:
-      for d in self._digests([_JOIN.join(tokens[j:j + GRAM_N]) for j in starts
-                              if j > cut - GRAM_N and j + GRAM_N <= len(tokens)]):
+      for d in self._digests([_JOIN.join(tokens[j:j + GRAM_N]) for j, first in starts
+                              if j > cut - GRAM_N and j + GRAM_N <= len(tokens)
+                              and first in self._gram_firsts]):
         if d is not None and d in self._gram_groups:
           hits.append(("gram", 0, d))
     result = tuple(hits)

@@ -3,8 +3,8 @@
 URL-encoding, HTML entities, `\\uXXXX` / `\\UXXXXXXXX` / `\\xNN` escapes, quoted-printable `=NN`,
 and base64, base32, base85 (RFC 1924 / git) and ascii85 (Adobe `<~..~>` or bare) runs, and hex
 runs. Used by the held-out marker matcher (`bat_jax.markers`), which scans a string as is and in
-each of these forms. A decoded run that is not mostly printable text is dropped: it hides no
-marker and would only cost scanning.
+each of these forms. A decoded run that is not UTF-8 or not mostly printable text is dropped:
+it hides no marker and would only cost scanning.
 """
 
 from __future__ import annotations
@@ -38,12 +38,22 @@ _B85_VALUE = {c: i for i, c in enumerate(_B85_CHARS)}
 _MAX_DECODE_DEPTH = 2
 _MIN_TEXT_CHARS = 4
 _MIN_PRINTABLE = 0.8
+_MAX_INVALID = 0.1  # of a run's bytes
 _RUN_MEMO = 1 << 16  # distinct runs remembered per kind
 
 
 def _text_of(raw: bytes) -> str:
-  """`raw` as UTF-8 text, or "" when it is too short or mostly not printable."""
-  text = raw.decode("utf-8", errors="ignore")
+  """`raw` as UTF-8 text, or "" when it is too short, not UTF-8 or mostly not printable.
+
+  Words and identifiers read as base64/85 decode to near-random bytes, 10-70% of them invalid
+  UTF-8 (measured over a round's rows and workspaces); encoded text has none, so a run with
+  more than `_MAX_INVALID` invalid bytes is not text (a few, planted to break a strict decode,
+  are dropped and the rest scanned)."""
+  text = raw.decode("utf-8", errors="replace")
+  invalid = text.count("\ufffd")
+  if invalid > _MAX_INVALID * len(raw):
+    return ""
+  text = text.replace("\ufffd", "") if invalid else text
   if len(text) < _MIN_TEXT_CHARS:
     return ""
   if text.isprintable():

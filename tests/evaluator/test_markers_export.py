@@ -32,7 +32,8 @@ def test_export_holds_no_plaintext():
   all_hashes = ([h for table in ("hashes", "squash") for hs in export[table].values() for h in hs]
                 + list(export["anchors"]) + [h for g in export["grams"]["groups"] for h in g]
                 + export["shingles"]["vocab"] + [h for g in export["shingles"]["groups"] for h in g]
-                + export["pieces"]["prefixes"] + export["firsts"])
+                + export["pieces"]["prefixes"]
+                + [h for hs in export["firsts"].values() for h in hs])
   assert export["shingles"]["groups"] and export["pieces"]["prefixes"]
   assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in all_hashes)
   assert export["scheme"] == markers.SCHEME and export["marker_count"] == len(strings)
