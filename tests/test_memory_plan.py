@@ -173,8 +173,8 @@ def test_cli_exits_nonzero_when_the_plan_does_not_fit(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("config", [
     pytest.param("configs/bat9b.py", marks=pytest.mark.xfail(
-        strict=True, reason="issue 25: counting the resident fp32 SFT policy, contexts and the "
-        "released server, bat9b's GRPO step phase leaves -3.6 GiB of 79.6 (TP 2: +1.1)")),
+        strict=True, reason="issue 25: without the resident fp32 SFT policy, counting contexts and "
+        "the released server, bat9b's GRPO step phase leaves 0.56 GiB of 79.6 (4 needed)")),
     "configs/bat4b.py"])
 def test_reference_configs_fit_one_8x80gb_node(config, tmp_path):
   proc, result = _run_plan(config, tmp_path)
