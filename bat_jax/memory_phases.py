@@ -5,8 +5,9 @@ per phase, everything the loop keeps on a device at that point (bytes per device
 
 * sft: the SFT trainer's params, AdamW moments and its step (temp, batch, outputs). The rollout
   server is not started yet (the loop starts it after the SFT export).
-* evaluation/export and rollout: the SFT policy (fp32, kept all run: the KL reference's source
-  and the baseline), the round's training params and moments, the KL reference, and one bf16
+* evaluation/export and rollout: the round's training params and moments, the KL reference
+  (the SFT policy cast once to `trainer.reference_dtype`; the fp32 SFT policy itself is dropped
+  once the rollout server has started and the SFT evaluation is done), and one bf16
   export cast (the candidate export / the weight sync before rollouts; the export casts each
   device's own slices shard by shard, never a gathered tree (issue 25 item 1), so the plan
   counts one device's slices cast at once: an upper bound of one safetensors shard's cast),
@@ -45,7 +46,7 @@ class Holdings:
   params: int            # a round's training params (the round start, fp32)
   optimizer: int         # its AdamW moments
   reference: int         # the KL reference (0 without KL)
-  sft_policy: int        # the SFT policy, kept all run
+  sft_policy: int        # the SFT policy, held when the rollout server starts (not in rounds)
   export_cast: int       # one device's slices cast to the export dtype
   grpo_program: int      # the largest of the logprob passes and the step beyond their state
   rollout_need: int      # one rollout server's weights + KV / state for its trajectories
@@ -84,7 +85,9 @@ def phase_table(cfg, h: Holdings) -> dict[str, Any]:
     released = serving
   if not uses_sglang:
     serving = released = {"context": 0, "static": 0, "activations": 0}
-  resident = {"SFT policy": h.sft_policy, "training params (round start)": h.params,
+  # The fp32 SFT policy is held only until the rollout server starts (its share is fixed by
+  # then); the rounds keep only the KL reference cast from it (`bicurl.loop.sft_reference`).
+  resident = {"training params (round start)": h.params,
               "AdamW moments": h.optimizer, "KL reference": h.reference}
   jax_rows = {
       "sft": {"training params (round start)": h.sft_params, "AdamW moments": h.sft_optimizer,

@@ -33,8 +33,8 @@ from bat_jax.run_config import RunConfig
 from bat_jax import curriculum, gate, sharding
 from bat_jax.bicurl import bank as bank_lib
 from bat_jax.bicurl import multihost, setup
-from bat_jax.bicurl.grpo_round import (GrpoRound, bucket_length, optimizer_config, run_mesh,
-                                       step_config)
+from bat_jax.bicurl.grpo_round import (GrpoRound, bucket_length, grpo_config, optimizer_config,
+                                       run_mesh, step_config)
 from bat_jax.bicurl.policy import PolicyServer, evaluate_policy, make_policy_server
 from bat_jax.bicurl.report import build_report, headline, write_report
 from bat_jax.bicurl.state import OuterState, RoundRecord, RunPaths
@@ -47,7 +47,7 @@ from bat_jax.evaluator.cells import load_or_create_secret
 from bat_jax.model import ModelConfig, build_model, load_pretrained
 from bat_jax.model.decoder import with_attention_impl
 from bat_jax.sft import SftConfig, pad_example, run_sft, sft_loss_fn
-from bat_jax.train import Trainer, placement, split_model
+from bat_jax.train import Trainer, cast_floating, placement, split_model
 from bat_jax.io_utils import atomic_write_json
 from bat_jax.sandbox import safe_fs
 from bat_jax.model.chat_format import ChatFormat
@@ -88,6 +88,15 @@ class _Tracker:
   def close(self) -> None:
     if self.writer is not None:
       self.writer.close()
+
+
+def sft_reference(cfg: RunConfig, sft_model: nnx.Module) -> Any:
+  """What the rounds keep of the SFT policy: its params cast to `trainer.reference_dtype` on
+  their shards when the KL reference is the SFT policy, else None."""
+  if grpo_config(cfg).kl_coef <= 0 or cfg.grpo.kl_reference != "sft":
+    return None
+  cast = jax.jit(lambda p: cast_floating(p, cfg.trainer.reference_dtype))
+  return cast(nnx.state(sft_model, nnx.Param))
 
 
 def _scratch_builder(cfg: RunConfig, seed: int) -> Callable[[], nnx.Module]:
@@ -314,12 +323,12 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any
         model, state.sft_validation_nll = _cold_start(cfg, paths, chat_format, tracker, start)
       export_hf(model, paths.policy("sft"), tokenizer_dir=tokenizer_dir,
                 vision_source=setup.vision_source(cfg))
+      del model  # the trained SFT params: the loop reloads the export (no second copy)
       state.sft_done, state.baseline = True, "sft"
       _save(state, paths)
     multihost.barrier("sft exported")
     mesh = run_mesh(cfg)
     sft_model = setup.load_policy(cfg, paths.policy("sft"), mesh)
-    ref_params = nnx.state(sft_model, nnx.Param)
     server = make_policy_server(sft_model, cfg, paths.workdir, tokenizer_dir)
 
     # ============================================ evaluate SFT; first target = weakest stage
@@ -334,6 +343,11 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any
                                         paths.eval_report(state.baseline),
                                         paths.eval_records(state.baseline))
 
+    # The fp32 SFT policy is not kept during rounds (issue 25): only the KL reference, cast
+    # to `trainer.reference_dtype` once (bf16 at 9B) on the same shards, and only when a round
+    # uses it; the gate's baseline is its cached report.
+    ref_params = sft_reference(cfg, sft_model)
+    del sft_model
     # ========================================================================== BiCuRL rounds
     for r in range(len(state.rounds), cfg.grpo.rounds):
       weights = state.next_weights

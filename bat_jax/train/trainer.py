@@ -171,7 +171,12 @@ class Trainer:
     return restored.state, restored
 
   def reference_params(self, params: Any, dtype: Optional[str]) -> Any:
-    """A frozen copy of `params` cast to `dtype` on the same shardings (bf16 halves it)."""
+    """A frozen copy of `params` cast to `dtype` on the same shardings (bf16 halves it).
+    Params already in `dtype` (the loop's bf16 SFT reference) are placed, not copied."""
+    floats = [x.dtype for x in jax.tree.leaves(params) if jax.numpy.issubdtype(x.dtype,
+                                                                                jax.numpy.floating)]
+    if dtype is None or all(d == jax.numpy.dtype(dtype) for d in floats):
+      return self.place(params)
     cast = jax.jit(lambda p: cast_floating(p, dtype), in_shardings=(self.param_shardings,),
                    out_shardings=self.param_shardings)
     return cast(self.place(params))
