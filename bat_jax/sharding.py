@@ -286,6 +286,26 @@ def bytes_per_device(tree: Any) -> dict[jax.Device, int]:
   return out
 
 
+def live_bytes_per_device(arrays: Any = None) -> dict[jax.Device, int]:
+  """Device bytes held by `arrays` (default `jax.live_arrays()`), each device buffer counted once.
+
+  Summing `jax.live_arrays()` counts a buffer once per array viewing it: a sharded array's
+  per-shard arrays (`shard.data`, which orbax's save creates and keeps for every shard: on CPU
+  its host "copy" is a zero-copy view) are live arrays too, so after a checkpoint save the sum
+  shows the saved params two or three times over although no byte more is held."""
+  out: dict[jax.Device, int] = {d: 0 for d in jax.local_devices()}
+  seen: set[tuple[int, int]] = set()
+  for leaf in jax.tree.leaves(jax.live_arrays() if arrays is None else arrays):
+    if not isinstance(leaf, jax.Array) or leaf.is_deleted():
+      continue
+    for shard in leaf.addressable_shards:
+      key = (shard.device.id, shard.data.unsafe_buffer_pointer())
+      if key not in seen:
+        seen.add(key)
+        out[shard.device] = out.get(shard.device, 0) + shard.data.nbytes
+  return out
+
+
 _DISTRIBUTED_ENV = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")
 _LAUNCHER_SIZE_ENV = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 

@@ -15,6 +15,7 @@ different lengths can share one batched prefill.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 
@@ -102,48 +103,64 @@ class DecoderLayer(nnx.Module):
     A `lax.scan` over tiles: DeltaNet carries its conv and recurrent state from tile to tile;
     attention computes keys / values for the whole sequence once and scans query tiles against
     them. With `policy` each tile is rematerialised, so the backward saves the tile inputs and
-    carries (plus attention's keys / values) and holds one tile's activations at a time. Same
+    carries (attention: only its whole input, the layer being rematerialised once more) and
+    holds one tile's activations at a time. Same
     arithmetic as `__call__` when tiles are multiples of the DeltaNet chunk and attention block.
     """
     tile = x.shape[1] // tiles
     graphdef, params = nnx.split(self)
-    xs = tuple(seq_blocks(a, tile) for a in (x, positions, valid, attn_mask.query_slots))
     if self.layer_type == "full_attention":
-      def keys_values(h, params, positions):
-        layer = nnx.merge(graphdef, params)
-        return layer.self_attn.keys_values(layer.input_layernorm(h), positions=positions)
+      # Rematerialised once more as a whole, so the backward keeps only x: the tile steps'
+      # inputs (x again, in tiles) and the keys / values are rebuilt per layer in its backward
+      # instead of staying saved for every attention layer (0.8 GiB each at bat9b's shapes).
+      attend = functools.partial(_tiled_attention, graphdef, tile=tile, policy=policy)
+      return _rematerialise(attend, policy)(x, params, positions, attn_mask.query_slots,
+                                            attn_mask.key_valid)
+    xs = tuple(seq_blocks(a, tile) for a in (x, valid))
 
-      def attend_tile(x_t, params, key, value, pos_t, slots_t, key_valid):
-        layer = nnx.merge(graphdef, params)
-        mask = AttentionMask(query_slots=slots_t, key_valid=key_valid)
-        mixed = layer.self_attn.attend_to(layer.input_layernorm(x_t), positions=pos_t, key=key,
-                                          value=value, mask=mask)
-        return layer._residual_mlp(x_t, mixed)
+    def mix_tile(x_t, params, state, valid_t):
+      layer = nnx.merge(graphdef, params)
+      mixed, state = layer.linear_attn(layer.input_layernorm(x_t), valid=valid_t, state=state)
+      return layer._residual_mlp(x_t, mixed), state
 
-      key, value = _rematerialise(keys_values, policy)(x, params, positions)  # [B, T, K, Dh]
-      step = _rematerialise(attend_tile, policy)
+    step = _rematerialise(mix_tile, policy)
 
-      def body(carry, xs):
-        x_t, pos_t, _, slots_t = xs
-        return carry, step(x_t, params, key, value, pos_t, slots_t, attn_mask.key_valid)
+    def body(carry, xs):
+      out, carry = step(xs[0], params, carry, xs[1])
+      return carry, out
 
-      carry = None
-    else:
-      def mix_tile(x_t, params, state, valid_t):
-        layer = nnx.merge(graphdef, params)
-        mixed, state = layer.linear_attn(layer.input_layernorm(x_t), valid=valid_t, state=state)
-        return layer._residual_mlp(x_t, mixed), state
-
-      step = _rematerialise(mix_tile, policy)
-
-      def body(carry, xs):
-        x_t, _, valid_t, _ = xs
-        out, carry = step(x_t, params, carry, valid_t)
-        return carry, out
-
-      carry = self.linear_attn.init_state(x.shape[0], self.linear_attn.dtype)
+    carry = self.linear_attn.init_state(x.shape[0], self.linear_attn.dtype)
     _, out = jax.lax.scan(body, carry, xs)  # [tiles, B, tile, D]
     return jnp.moveaxis(out, 0, 1).reshape(x.shape)
+
+
+def _tiled_attention(graphdef: nnx.GraphDef, x: jax.Array, params, positions: jax.Array,
+                     query_slots: jax.Array, key_valid: jax.Array, *, tile: int,
+                     policy: Callable[..., bool] | None) -> jax.Array:
+  """A full-attention `DecoderLayer.tiled`: keys / values of the whole sequence once, then a
+  scan of query tiles against them (each tile rematerialised with `policy`)."""
+
+  def keys_values(h, params, positions):
+    layer = nnx.merge(graphdef, params)
+    return layer.self_attn.keys_values(layer.input_layernorm(h), positions=positions)
+
+  def attend_tile(x_t, params, key, value, pos_t, slots_t, key_valid):
+    layer = nnx.merge(graphdef, params)
+    mask = AttentionMask(query_slots=slots_t, key_valid=key_valid)
+    mixed = layer.self_attn.attend_to(layer.input_layernorm(x_t), positions=pos_t, key=key,
+                                      value=value, mask=mask)
+    return layer._residual_mlp(x_t, mixed)
+
+  key, value = _rematerialise(keys_values, policy)(x, params, positions)  # [B, T, K, Dh]
+  step = _rematerialise(attend_tile, policy)
+
+  def body(carry, xs):
+    x_t, pos_t, slots_t = xs
+    return carry, step(x_t, params, key, value, pos_t, slots_t, key_valid)
+
+  xs = tuple(seq_blocks(a, tile) for a in (x, positions, query_slots))
+  _, out = jax.lax.scan(body, None, xs)  # [tiles, B, tile, D]
+  return jnp.moveaxis(out, 0, 1).reshape(x.shape)
 
 
 def _rematerialise(fn: Callable, policy: Callable[..., bool] | None) -> Callable:

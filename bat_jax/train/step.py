@@ -29,6 +29,7 @@ from jax.sharding import Mesh
 
 from bat_jax import registry, sharding
 from bat_jax.grpo.loss import finalize_stats, merge_stats, safe_divide
+from bat_jax.train.guarded_adamw import guarded_adamw
 
 Array = jax.Array
 Batch = Mapping[str, Array]
@@ -235,8 +236,14 @@ def _accumulate(grad_fn, objective, params, batch: Batch, frozen: Mapping[str, A
 
 
 def build_step_fn(graphdef: nnx.GraphDef, loss_fn: LossFn, optimizer: optax.GradientTransformation,
-                  cfg: StepConfig = StepConfig()) -> Callable[..., tuple[TrainState, dict]]:
+                  cfg: StepConfig = StepConfig(), *,
+                  optimizer_cfg: Optional[OptimizerConfig] = None
+                  ) -> Callable[..., tuple[TrainState, dict]]:
   """The pure (un-jitted) step `(state, batch, frozen) -> (state, metrics)`.
+
+  `optimizer_cfg`: the config `optimizer` was made from (`make_optimizer`); given, the update
+  runs as `guarded_adamw` (the finite guard inside AdamW, so XLA copies no moment), else as
+  `optimizer.update` with its result guarded afterwards (any optax transformation).
 
   `frozen` is `{"rest": non-param model state, "ref_params": reference params or None}`.
   Metrics: `loss`, `loss_denominator`, `grad_norm` (before clipping), `update_applied` (0/1),
@@ -244,6 +251,9 @@ def build_step_fn(graphdef: nnx.GraphDef, loss_fn: LossFn, optimizer: optax.Grad
   (`x_sum` -> per-token mean `x`).
   """
   policy = REMAT_POLICIES[cfg.remat_policy]
+  guarded = None
+  if optimizer_cfg is not None:
+    guarded = guarded_adamw(optimizer_cfg, make_schedule(optimizer_cfg))
 
   def objective(params, micro, frozen):
     model = nnx.merge(graphdef, cast_floating(params, cfg.weight_dtype), frozen["rest"])
@@ -264,13 +274,17 @@ def build_step_fn(graphdef: nnx.GraphDef, loss_fn: LossFn, optimizer: optax.Grad
     grad_norm = optax.global_norm(grads)
     ok = jnp.isfinite(loss) & _all_finite(grads) & (denominator > 0)
 
-    updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+    if guarded is not None:
+      new_params, new_opt_state = guarded(grads, state.opt_state, state.params, ok)
+    else:
+      updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
+      keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+      new_params = keep(optax.apply_updates(state.params, updates), state.params)
+      new_opt_state = keep(new_opt_state, state.opt_state)
     new_state = state.replace(
         step=state.step + 1,
-        params=keep(new_params, state.params),
-        opt_state=keep(new_opt_state, state.opt_state),
+        params=new_params,
+        opt_state=new_opt_state,
         rng=jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(state.rng), 1)),
         skipped=state.skipped + (~ok).astype(jnp.int32))
     metrics = {"loss": loss, "loss_denominator": denominator, "grad_norm": grad_norm,

@@ -110,7 +110,8 @@ class Trainer:
     self.cache_key = (("trainer", id(self)) if cache_key is None else cache_key,
                       tuple(sorted(self.compiler_options.items())))
     self.optimizer = make_optimizer(cfg.optimizer)
-    self.step_fn = build_step_fn(graphdef, loss_fn, self.optimizer, cfg.step)
+    self.step_fn = build_step_fn(graphdef, loss_fn, self.optimizer, cfg.step,
+                                 optimizer_cfg=cfg.optimizer)
     abstract_params = jax.eval_shape(lambda p: p, abstract_params)
     self.param_shardings = sharding.model_shardings(abstract_params, mesh, self.rules)
     self.replicated = sharding.replicated(mesh)

@@ -2,8 +2,9 @@
 
 `run_phases` follows the loop's own code, the way `bicurl.loop.run` strings it together: the
 initial policy created on its shards (`loop._initial_policy`) and one SFT step (`run_sft`), the
-evaluation export (`export_hf`), the SFT policy and a round's start policy loaded back
-(`setup.load_policy`), one GRPO step with its KL reference (`grpo_trainer`), and the rollout
+evaluation export (`export_hf`), the SFT policy loaded back (`setup.load_policy`) and, as the
+rounds keep of it, only its bf16 KL reference (`loop.sft_reference`; no fp32 SFT policy in the
+rounds), a round's start policy, one GRPO step with that reference (`grpo_trainer`), and the rollout
 export in bf16 (sharded safetensors + index). After each phase it records, per device, the
 bytes of every resident policy copy and of all live arrays. Used by `test_sharded_policy.py`
 on 8 fake devices and by `drive_sharded_loop.py` in each of two `jax.distributed` processes.
@@ -97,7 +98,8 @@ class Recorder:
     self.phases.append({
         "phase": phase,
         "copies": {name: _by_id(sharding.bytes_per_device(tree)) for name, tree in copies.items()},
-        "live": _by_id(sharding.bytes_per_device(live))})
+        # Each device buffer once: a checkpoint save leaves per-shard views that are live arrays.
+        "live": _by_id(sharding.live_bytes_per_device(live))})
 
 
 def _by_id(per_device: dict) -> dict[int, int]:
@@ -130,25 +132,28 @@ def run_phases(cfg: RunConfig, workdir: Path, load_policy=setup.load_policy, *,
   del model
 
   sft_model = load_policy(cfg, workdir / "policy_sft", mesh)
-  sft_params = nnx.state(sft_model, nnx.Param)
-  record("sft policy loaded", sft=sft_params)
+  record("sft policy loaded", sft=nnx.state(sft_model, nnx.Param))
+  # As the loop: the rounds keep only the SFT policy's bf16 KL reference, not the fp32 policy.
+  sft_ref = loop.sft_reference(cfg, sft_model)
+  del sft_model
 
   start = load_policy(cfg, workdir / "policy_sft", mesh)
-  record("round start", sft=sft_params, start=nnx.state(start, nnx.Param))
+  record("round start", reference=sft_ref, start=nnx.state(start, nnx.Param))
 
   trainer = grpo_trainer(cfg, start, mesh)
-  ref = trainer.reference_params(sft_params, cfg.trainer.reference_dtype)
+  ref = trainer.reference_params(sft_ref, cfg.trainer.reference_dtype)  # placed, not copied
+  del sft_ref
   state = trainer.init_state(nnx.state(start, nnx.Param))
   if train:
     state, metrics = trainer.step(state, _grpo_batch(trainer, cfg, state.params, ref))
     assert int(metrics["update_applied"]) == 1, metrics
   nnx.update(start, state.params)
-  record("grpo step" if train else "grpo state", sft=sft_params, policy=state.params, reference=ref,
+  record("grpo step" if train else "grpo state", policy=state.params, reference=ref,
          moments=state.opt_state)
 
   export_hf(start, workdir / "policy_round", dtype="bfloat16", max_shard_bytes=policy_bytes // 6)
   multihost.barrier("round exported")
-  record("rollout export (bf16)", sft=sft_params, policy=state.params, reference=ref)
+  record("rollout export (bf16)", policy=state.params, reference=ref)
   files = {name: sorted(p.name for p in (workdir / name).iterdir())
            for name in ("policy_sft", "policy_round")}
   return {"phases": record.phases, "policy_bytes": int(policy_bytes), "files": files,
