@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
@@ -231,7 +232,8 @@ EXPORT_SHARD_BYTES = 2 * 2**30
 def export_hf(model: nnx.Module, path: Union[str, Path], *, params: Any = None,
               tokenizer_dir: Optional[Union[str, Path]] = None, dtype: Any = None,
               vision_source: Optional[Union[str, Path]] = None,
-              max_shard_bytes: int = EXPORT_SHARD_BYTES) -> Path:
+              max_shard_bytes: int = EXPORT_SHARD_BYTES, durable: bool = True,
+              write_threads: int = 1, stats: Optional[dict] = None) -> Path:
   """Writes HF safetensors + config.json for the rollout server, atomically.
 
   Params are written from their shards, one leaf at a time, each shard cast to `dtype` on the
@@ -250,6 +252,14 @@ def export_hf(model: nnx.Module, path: Union[str, Path], *, params: Any = None,
       multimodal (`qwen3_5`) export carries (SGLang serves Qwen3.5 only as
       `Qwen3_5ForConditionalGeneration`, which builds them).
     max_shard_bytes: the largest safetensors file (more files get an index).
+    durable: fsync every file and the folder before the swap (evaluation exports, the final
+      model). False, for the per-step rollout sync: no fsync at all (a crash redoes the sync);
+      the new version is still written into a staging folder and renamed into place, so a
+      reader sees the old version or the whole new one.
+    write_threads: safetensors files written at once while the next is fetched
+      (`save_pretrained`).
+    stats: optional dict of seconds and bytes per phase (`save_pretrained`'s, plus swap_s: the
+      rename and the removal of the old version, and fsync_s of the tree when durable).
 
   Returns:
     The destination path.
@@ -260,7 +270,8 @@ def export_hf(model: nnx.Module, path: Union[str, Path], *, params: Any = None,
     graphdef, _, rest = nnx.split(model, nnx.Param, ...)
     model = nnx.merge(graphdef, params, rest)  # a new module: the caller's is not modified
   save = lambda d: save_pretrained(model, d, tokenizer_dir=tokenizer_dir, dtype=dtype,
-                                   vision_source=vision_source, max_shard_bytes=max_shard_bytes)
+                                   vision_source=vision_source, max_shard_bytes=max_shard_bytes,
+                                   durable=durable, write_threads=write_threads, stats=stats)
   path = Path(path).absolute()
   if jax.process_index() != 0:
     save(path)  # multi-host: every process joins each leaf's spread; only process 0 writes
@@ -269,7 +280,10 @@ def export_hf(model: nnx.Module, path: Union[str, Path], *, params: Any = None,
   staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
   try:
     save(staging)
-    io_utils.fsync_tree(staging)
+    t0 = time.perf_counter()
+    if durable:
+      io_utils.fsync_tree(staging)
+    t1 = time.perf_counter()
     old = None
     if path.exists():
       old = path.parent / f".{path.name}.old-{os.getpid()}"
@@ -280,4 +294,7 @@ def export_hf(model: nnx.Module, path: Union[str, Path], *, params: Any = None,
   except BaseException:
     shutil.rmtree(staging, ignore_errors=True)
     raise
+  if stats is not None:
+    stats["fsync_s"] = stats.get("fsync_s", 0) + t1 - t0
+    stats["swap_s"] = stats.get("swap_s", 0) + time.perf_counter() - t1
   return path
