@@ -280,10 +280,10 @@ def export_hf(model: nnx.Module, path: Union[str, Path], *, params: Any = None,
   staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
   try:
     save(staging)
-    t0 = time.perf_counter()
+    t0 = t1 = time.perf_counter()
     if durable:
       io_utils.fsync_tree(staging)
-    t1 = time.perf_counter()
+      t1 = time.perf_counter()
     old = None
     if path.exists():
       old = path.parent / f".{path.name}.old-{os.getpid()}"
@@ -296,5 +296,5 @@ def export_hf(model: nnx.Module, path: Union[str, Path], *, params: Any = None,
     raise
   if stats is not None:
     stats["fsync_s"] = stats.get("fsync_s", 0) + t1 - t0
-    stats["swap_s"] = stats.get("swap_s", 0) + time.perf_counter() - t1
+    stats["swap_s"] = stats.get("swap_s", 0) + time.perf_counter() - t1  # rename + old removed
   return path

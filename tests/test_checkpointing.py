@@ -100,3 +100,29 @@ def test_export_hf_in_bf16_for_the_rollout_server(tmp_path):
   _, loaded, _ = split_model(load_pretrained(out))
   for got, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(own)):
     np.testing.assert_array_equal(got, np.asarray(want).astype(jnp.bfloat16).astype(np.float32))
+
+
+def _fsyncs(monkeypatch) -> list:
+  import os
+  calls, real = [], os.fsync
+  monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd))[1])
+  return calls
+
+
+def test_sync_export_calls_no_fsync_and_still_replaces_the_folder_whole(tmp_path, monkeypatch):
+  """The per-step weight sync (`durable=False`): no fsync anywhere, staged + renamed like the
+  durable export (a reader sees one whole version), loadable; evaluation exports still fsync."""
+  model = tiny_model(0)
+  calls = _fsyncs(monkeypatch)
+  stats = {}
+  out = export_hf(model, tmp_path / "hf", dtype="bfloat16", durable=False, write_threads=2,
+                  max_shard_bytes=2048, stats=stats)
+  export_hf(model, out, dtype="bfloat16", durable=False, params=_state(3).params)
+  assert calls == [] and stats["fsync_s"] == 0 and stats["swap_s"] >= 0
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no staging / old leftovers
+  _, loaded, _ = split_model(load_pretrained(out))
+  for got, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(_state(3).params)):
+    np.testing.assert_array_equal(got, np.asarray(want).astype(jnp.bfloat16).astype(np.float32))
+  export_hf(model, tmp_path / "eval")  # durable by default
+  files = [p for p in (tmp_path / "eval").iterdir() if p.is_file()]
+  assert len(calls) >= 2 * len(files)  # each file as written, and the tree before the swap
