@@ -105,14 +105,16 @@ def host_value(value: jax.Array, dtype=None) -> np.ndarray:
 
 
 def _hf_tensors(cfg: ModelConfig, path: tuple, value: jax.Array, dtype=None,
-                stats: dict | None = None) -> dict[str, np.ndarray]:
+                stats: dict | None = None, threads: int = 1) -> dict[str, np.ndarray]:
   """One param's HF tensors fetched from its shards in `dtype` (a stacked param: one per HF
   layer). Kernels are cast and transposed in one pass per shard; conv weights get their
   singleton axis as a view; per-layer slices of a stacked param are views of one array."""
   leaf = str(path[-1])
   t0 = time.perf_counter()
-  host = fetch_hf_layout(value, dtype, transpose=leaf == "kernel")
-  add_stats(stats, fetch_s=time.perf_counter() - t0, bytes_fetched=host.nbytes)
+  host = fetch_hf_layout(value, dtype, transpose=leaf == "kernel", threads=threads)
+  # bytes_fetched: what leaves the devices (the params' own dtype; the cast is on the host).
+  add_stats(stats, fetch_s=time.perf_counter() - t0,
+            bytes_fetched=value.size * value.dtype.itemsize)
   if leaf == "conv_weight":
     host = host[..., :, None, :]
   slices = list(host) if _is_stacked(cfg, path) else [host]
@@ -332,7 +334,8 @@ def _write_files(model: CausalLM, path: Path, plan: list[list[tuple]], extra: Ma
       tensors = {}
       for key in keys:
         if key in params:
-          got = _hf_tensors(cfg, key, params[key][...], out_dtype, stats)  # every process
+          got = _hf_tensors(cfg, key, params[key][...], out_dtype, stats,
+                            threads=write_threads)  # every process joins
           tensors.update(got if writer else {})
         elif writer:
           tensors[key[0]] = extra[key[0]][1]()
@@ -372,7 +375,8 @@ def save_pretrained(model: CausalLM, path: str | Path, *, tokenizer_dir: str | P
       (`model.visual.*`, cast to `dtype`) and preprocessor files are carried into the export.
     durable: fsync every file and the folder (evaluation exports, the final model). False (the
       per-step rollout sync, which a crash redoes) skips every fsync.
-    write_threads: files written at once while the next file's tensors are fetched.
+    write_threads: files written at once while the next file's tensors are fetched, and
+      shards of a leaf cast at once.
     stats: optional dict that gets fetch_s, bytes_fetched, write_s, fsync_s, bytes_written
       (seconds summed over the writer threads).
 

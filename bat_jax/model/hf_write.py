@@ -12,6 +12,7 @@ redoes; evaluation exports and the final model stay durable.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -19,6 +20,7 @@ import struct
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
@@ -46,27 +48,39 @@ def _cast_transposed(dst: np.ndarray, src: np.ndarray) -> None:
               casting="unsafe")
 
 
-def fetch_hf_layout(value: jax.Array, dtype, *, transpose: bool = False) -> np.ndarray:
+def fetch_hf_layout(value: jax.Array, dtype, *, transpose: bool = False,
+                    threads: int = 1) -> np.ndarray:
   """One param on this host in `dtype`, its last two axes swapped when `transpose` (a kernel in
   torch's [out, in]); each of this process's shards is cast (and transposed) straight into its
-  place: no device-side cast, no gather onto one device, no intermediate copy. A leaf spanning
-  processes is first spread over each host's own devices (`sharding.host_local`, a collective
-  every process joins)."""
+  place, `threads` shards at once (numpy's casts release the GIL): no device-side cast, no
+  gather onto one device, no intermediate copy. A leaf spanning processes is first spread over
+  each host's own devices (`sharding.host_local`, a collective every process joins)."""
   if not value.is_fully_addressable:
     value = sharding.host_local(value)
   shape = tuple(value.shape)
   if transpose:
     shape = shape[:-2] + (shape[-1], shape[-2])
   out = np.empty(shape, np.dtype(dtype or value.dtype))
-  for shard in value.addressable_shards:
-    if shard.replica_id != 0:  # each slice once
-      continue
+
+  def put(shard) -> None:
     data, index = np.asarray(shard.data), tuple(shard.index)
     if transpose:
       _cast_transposed(out[index[:-2] + (index[-1], index[-2])], data)
     else:
       np.copyto(out[index], data, casting="unsafe")
+
+  shards = [s for s in value.addressable_shards if s.replica_id == 0]  # each slice once
+  if threads > 1 and len(shards) > 1:
+    list(_pool(threads).map(put, shards))
+  else:
+    for shard in shards:
+      put(shard)
   return out
+
+
+@functools.lru_cache(maxsize=None)
+def _pool(threads: int) -> ThreadPoolExecutor:
+  return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hf-fetch")
 
 
 def safetensors_header(tensors: Mapping[str, np.ndarray],

@@ -100,8 +100,8 @@ def test_sync_export_calls_no_fsync_and_loads_complete(tmp_path, monkeypatch, sc
   got = jax.tree.leaves(nnx.state(loaded, nnx.Param))
   for g, w in zip(got, want):
     np.testing.assert_array_equal(g, np.asarray(w).astype(BF16).astype(np.float32))
-  assert stats["bytes_fetched"] == sum(w.size for w in want) * 2
-  assert stats["bytes_written"] > stats["bytes_fetched"] and stats["fsync_s"] == 0
+  assert stats["bytes_fetched"] == sum(w.size for w in want) * 4  # fp32 off the devices
+  assert stats["bytes_written"] > stats["bytes_fetched"] // 2 and stats["fsync_s"] == 0
   save_pretrained(model, tmp_path / "durable", dtype="bfloat16", max_shard_bytes=4096)
   assert len(calls) > 3  # every file, the folder, config.json
   for f in sorted((tmp_path / "durable").iterdir()):  # threads change nothing on disk
