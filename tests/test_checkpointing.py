@@ -1,6 +1,7 @@
 """Orbax checkpoints: full round trip, retention, atomic latest, errors, HF export."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import safetensors
 
+from bat_jax import checkpointing
 from bat_jax.checkpointing import Checkpointer, export_hf
 from bat_jax.train import OptimizerConfig, init_train_state, make_optimizer, split_model
 from bat_jax.model import load_pretrained
@@ -103,7 +105,6 @@ def test_export_hf_in_bf16_for_the_rollout_server(tmp_path):
 
 
 def _fsyncs(monkeypatch) -> list:
-  import os
   calls, real = [], os.fsync
   monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd))[1])
   return calls
@@ -119,6 +120,9 @@ def test_sync_export_calls_no_fsync_and_still_replaces_the_folder_whole(tmp_path
                   max_shard_bytes=2048, stats=stats)
   export_hf(model, out, dtype="bfloat16", durable=False, params=_state(3).params)
   assert calls == [] and stats["fsync_s"] == 0 and stats["swap_s"] >= 0
+  # The old version goes on a background thread; the next export of the path waits for it.
+  assert {p.name for p in tmp_path.iterdir()} <= {"hf", f".hf.old-{os.getpid()}"}
+  checkpointing._finish_removals(out)
   assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no staging / old leftovers
   _, loaded, _ = split_model(load_pretrained(out))
   for got, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(_state(3).params)):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from bat_jax import checkpointing
 from bat_jax.bicurl import policy, setup
 from bat_jax.model import load_pretrained
 from bat_jax.run_config import RunConfig
@@ -35,6 +36,7 @@ def test_sync_export_goes_to_export_dir_without_fsync_and_loads(tmp_path, monkey
   server._export(model, server.export_dir)
   server._export(model, server.export_dir)  # a second version replaces the first whole
   assert calls == []
+  checkpointing._finish_removals(server.export_dir)  # the old version's background removal
   assert sorted(p.name for p in server.export_dir.parent.iterdir()) == ["weights"]
   loaded = load_pretrained(server.export_dir)
   for got, want in zip(jax.tree.leaves(nnx.state(loaded, nnx.Param)),
