@@ -287,7 +287,8 @@ def rollout_config() -> ml_collections.ConfigDict:
   # skips the disk, when it has room for two versions (the old one is removed after the swap;
   # the server refuses to start otherwise, naming this field). Sync exports never fsync.
   s.sglang.export_dir = config_dict.placeholder(str)
-  s.sglang.export_threads = 4    # safetensors files written at once during a weight sync
+  # Weight-sync threads (files written at once, shards cast at once), capped at usable CPUs.
+  s.sglang.export_threads = 4
   # SGLang 0.5.23: a fraction of the GPU memory FREE when the server starts (after the JAX
   # trainer took distributed.xla_mem_fraction), for weights + KV pool.
   s.sglang.mem_fraction_static = 0.5

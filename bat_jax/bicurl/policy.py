@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -120,7 +121,8 @@ class SGLangPolicyServer:
     self.export_dir, self.tokenizer_dir = Path(export_dir), Path(tokenizer_dir)
     self.process: Optional[ServerProcess] = None
     sg = cfg.rollout.sglang
-    self.export_threads = sg.export_threads
+    # More threads than usable CPUs only contend (measured: experiments/perf/weight_sync.py).
+    self.export_threads = max(1, min(sg.export_threads, len(os.sched_getaffinity(0))))
     if jax.process_index() == 0:  # the writer
       check_export_room(self.export_dir, 2 * export_bytes(model, sg.dtype))
     self.dtype, self.release_memory = sg.dtype, sg.release_memory
