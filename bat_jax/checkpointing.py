@@ -27,6 +27,8 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
@@ -228,10 +230,26 @@ class Checkpointer:
 EXPORT_SHARD_BYTES = 2 * 2**30
 
 
+# Old versions that non-durable exports remove in the background, by export path: the next
+# export of that path first waits for it, so at most two versions are ever on disk.
+_REMOVALS: dict[Path, threading.Thread] = {}
+
+
+def _finish_removals(path: Path) -> None:
+  """Waits for the background removal of `path`'s previous version; removes leftovers of one
+  cut short (a process that exited mid-removal)."""
+  pending = _REMOVALS.pop(path, None)
+  if pending is not None:
+    pending.join()
+  for stale in path.parent.glob(f".{path.name}.old-*"):
+    shutil.rmtree(stale, ignore_errors=True)
+
+
 def export_hf(model: nnx.Module, path: Union[str, Path], *, params: Any = None,
               tokenizer_dir: Optional[Union[str, Path]] = None, dtype: Any = None,
               vision_source: Optional[Union[str, Path]] = None,
-              max_shard_bytes: int = EXPORT_SHARD_BYTES) -> Path:
+              max_shard_bytes: int = EXPORT_SHARD_BYTES, durable: bool = True,
+              write_threads: int = 1, stats: Optional[dict] = None) -> Path:
   """Writes HF safetensors + config.json for the rollout server, atomically.
 
   Params are written from their shards, one leaf at a time, each shard cast to `dtype` on the
@@ -250,6 +268,15 @@ def export_hf(model: nnx.Module, path: Union[str, Path], *, params: Any = None,
       multimodal (`qwen3_5`) export carries (SGLang serves Qwen3.5 only as
       `Qwen3_5ForConditionalGeneration`, which builds them).
     max_shard_bytes: the largest safetensors file (more files get an index).
+    durable: fsync every file and the folder before the swap (evaluation exports, the final
+      model). False, for the per-step rollout sync: no fsync at all (a crash redoes the sync),
+      and the old version is removed on a background thread after the swap (the next export
+      of `path` waits for it); the new version is still written into a staging folder and
+      renamed into place, so a reader sees the old version or the whole new one.
+    write_threads: safetensors files written at once while the next is fetched
+      (`save_pretrained`).
+    stats: optional dict of seconds and bytes per phase (`save_pretrained`'s, plus swap_s: the
+      rename and the removal of the old version, and fsync_s of the tree when durable).
 
   Returns:
     The destination path.
@@ -260,24 +287,36 @@ def export_hf(model: nnx.Module, path: Union[str, Path], *, params: Any = None,
     graphdef, _, rest = nnx.split(model, nnx.Param, ...)
     model = nnx.merge(graphdef, params, rest)  # a new module: the caller's is not modified
   save = lambda d: save_pretrained(model, d, tokenizer_dir=tokenizer_dir, dtype=dtype,
-                                   vision_source=vision_source, max_shard_bytes=max_shard_bytes)
+                                   vision_source=vision_source, max_shard_bytes=max_shard_bytes,
+                                   durable=durable, write_threads=write_threads, stats=stats)
   path = Path(path).absolute()
   if jax.process_index() != 0:
     save(path)  # multi-host: every process joins each leaf's spread; only process 0 writes
     return path
   path.parent.mkdir(parents=True, exist_ok=True)
+  _finish_removals(path)
   staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
   try:
     save(staging)
-    io_utils.fsync_tree(staging)
+    t0 = t1 = time.perf_counter()
+    if durable:
+      io_utils.fsync_tree(staging)
+      t1 = time.perf_counter()
     old = None
     if path.exists():
       old = path.parent / f".{path.name}.old-{os.getpid()}"
       os.rename(path, old)
     os.rename(staging, path)
-    if old is not None:
+    if old is not None and durable:
       shutil.rmtree(old)
+    elif old is not None:  # the sync: the server's load of the new version overlaps this
+      _REMOVALS[path] = threading.Thread(target=shutil.rmtree, args=(old, True), daemon=True,
+                                         name=f"remove {old.name}")
+      _REMOVALS[path].start()
   except BaseException:
     shutil.rmtree(staging, ignore_errors=True)
     raise
+  if stats is not None:
+    stats["fsync_s"] = stats.get("fsync_s", 0) + t1 - t0
+    stats["swap_s"] = stats.get("swap_s", 0) + time.perf_counter() - t1  # rename + old removed
   return path

@@ -150,6 +150,7 @@ BOUNDS: Mapping[str, Bound] = {
     "rollout.sglang.request_timeout_s": _positive(DAY, "seconds (a day at most)"),
     "rollout.sglang.max_retries": Bound(0, 100, "retries"),
     "rollout.sglang.release_timeout_s": _TIMEOUT,
+    "rollout.sglang.export_threads": _count(64, "files written at once"),
     # sandbox: per tool call
     "sandbox.wall_s": _positive(DAY, "seconds per call (a day at most)"),
     "sandbox.cpu_s": _count(DAY, "CPU seconds per call"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any, Callable, Iterable
 
 from ml_collections import ConfigDict
@@ -294,6 +295,11 @@ def _check_sglang(ck: _Checker) -> None:
   python = ck.get("rollout.sglang.python")
   if python is not None and not (isinstance(python, str) and python):
     ck.fail("rollout.sglang.python", f"{python!r} must be an interpreter path or None")
+  export_dir = ck.get("rollout.sglang.export_dir")
+  if export_dir is not None and not (isinstance(export_dir, str) and os.path.isabs(export_dir)):
+    ck.fail("rollout.sglang.export_dir", f"{export_dir!r} must be an absolute path or None")
+  ck.that("rollout.sglang.export_threads", lambda v: isinstance(v, int) and 1 <= v <= 64,
+          "an integer in [1, 64]")
   extra = ck.get("rollout.sglang.extra_args")
   if not all(isinstance(a, str) for a in extra):
     ck.fail("rollout.sglang.extra_args", f"{extra!r} must be a list of strings")

@@ -43,7 +43,8 @@ def fsync_tree(root: PathLike) -> None:
   fsync_dir(root)
 
 
-def atomic_write_bytes(path: PathLike, data: bytes, *, sync_dir: bool = True) -> Path:
+def atomic_write_bytes(path: PathLike, data: bytes, *, sync_dir: bool = True,
+                       durable: bool = True) -> Path:
   """Writes `data` to `path` atomically, creating parent folders; returns the path.
 
   The tmp file sits beside `path` (same filesystem, so the rename is atomic), is created with
@@ -55,6 +56,8 @@ def atomic_write_bytes(path: PathLike, data: bytes, *, sync_dir: bool = True) ->
     data: the new content.
     sync_dir: also fsync the folder so the rename itself survives a crash (skip it for scratch
       files written in bulk, e.g. a sandbox workspace).
+    durable: False skips every fsync (still atomic, not crash-safe: transient files a crash
+      simply rewrites, e.g. the per-step rollout weight sync).
   """
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
@@ -63,13 +66,14 @@ def atomic_write_bytes(path: PathLike, data: bytes, *, sync_dir: bool = True) ->
   try:
     with os.fdopen(fd, "wb") as f:
       f.write(data)
-      f.flush()
-      os.fsync(f.fileno())
+      if durable:
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)  # replaces a link at `path` itself; never writes through it
   except BaseException:
     tmp.unlink(missing_ok=True)
     raise
-  if sync_dir:
+  if sync_dir and durable:
     fsync_dir(path.parent)
   return path
 

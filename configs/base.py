@@ -282,6 +282,13 @@ def rollout_config() -> ml_collections.ConfigDict:
   s.sglang.python = config_dict.placeholder(str)
   s.sglang.port = 30000          # 0: any free port
   s.sglang.dtype = "bfloat16"    # --dtype, and the dtype of the exported weights
+  # Where each step's weight sync goes (the servers read it by path: on the same host as
+  # process 0 unless shared). None: <workdir>/sglang_weights. A tmpfs such as /dev/shm/<run>
+  # skips the disk, when it has room for two versions (the old one is removed after the swap;
+  # the server refuses to start otherwise, naming this field). Sync exports never fsync.
+  s.sglang.export_dir = config_dict.placeholder(str)
+  # Weight-sync threads (files written at once, shards cast at once), capped at usable CPUs.
+  s.sglang.export_threads = 4
   # SGLang 0.5.23: a fraction of the GPU memory FREE when the server starts (after the JAX
   # trainer took distributed.xla_mem_fraction), for weights + KV pool.
   s.sglang.mem_fraction_static = 0.5

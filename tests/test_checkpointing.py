@@ -2,6 +2,7 @@
 
 import gc
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 import safetensors
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from bat_jax import sharding
+from bat_jax import checkpointing, sharding
 from bat_jax.checkpointing import Checkpointer, export_hf
 from bat_jax.train import OptimizerConfig, init_train_state, make_optimizer, split_model
 from bat_jax.model import load_pretrained
@@ -127,3 +128,31 @@ def test_a_save_leaves_no_device_buffer_behind_the_state(tmp_path):
   del params
   gc.collect()
   assert sum(sharding.live_bytes_per_device(own()).values()) == 0
+
+
+def _fsyncs(monkeypatch) -> list:
+  calls, real = [], os.fsync
+  monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd))[1])
+  return calls
+
+
+def test_sync_export_calls_no_fsync_and_still_replaces_the_folder_whole(tmp_path, monkeypatch):
+  """The per-step weight sync (`durable=False`): no fsync anywhere, staged + renamed like the
+  durable export (a reader sees one whole version), loadable; evaluation exports still fsync."""
+  model = tiny_model(0)
+  calls = _fsyncs(monkeypatch)
+  stats = {}
+  out = export_hf(model, tmp_path / "hf", dtype="bfloat16", durable=False, write_threads=2,
+                  max_shard_bytes=2048, stats=stats)
+  export_hf(model, out, dtype="bfloat16", durable=False, params=_state(3).params)
+  assert calls == [] and stats["fsync_s"] == 0 and stats["swap_s"] >= 0
+  # The old version goes on a background thread; the next export of the path waits for it.
+  assert {p.name for p in tmp_path.iterdir()} <= {"hf", f".hf.old-{os.getpid()}"}
+  checkpointing._finish_removals(out)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no staging / old leftovers
+  _, loaded, _ = split_model(load_pretrained(out))
+  for got, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(_state(3).params)):
+    np.testing.assert_array_equal(got, np.asarray(want).astype(jnp.bfloat16).astype(np.float32))
+  export_hf(model, tmp_path / "eval")  # durable by default
+  files = [p for p in (tmp_path / "eval").iterdir() if p.is_file()]
+  assert len(calls) >= 2 * len(files)  # each file as written, and the tree before the swap

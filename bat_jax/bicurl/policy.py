@@ -17,10 +17,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from bat_jax.run_config import RunConfig
@@ -116,6 +121,10 @@ class SGLangPolicyServer:
     self.export_dir, self.tokenizer_dir = Path(export_dir), Path(tokenizer_dir)
     self.process: Optional[ServerProcess] = None
     sg = cfg.rollout.sglang
+    # More threads than usable CPUs only contend (measured: experiments/perf/weight_sync.py).
+    self.export_threads = max(1, min(sg.export_threads, len(os.sched_getaffinity(0))))
+    if jax.process_index() == 0:  # the writer
+      check_export_room(self.export_dir, 2 * export_bytes(model, sg.dtype))
     self.dtype, self.release_memory = sg.dtype, sg.release_memory
     self.vision_source = vision_source
     self.release_timeout_s = sg.release_timeout_s
@@ -134,9 +143,11 @@ class SGLangPolicyServer:
 
   def _export(self, model: nnx.Module, directory: Path) -> None:
     # Every process joins (a leaf spanning hosts is spread over each host's devices); process 0
-    # writes, and no server loads the directory before it is complete.
+    # writes, and no server loads the directory before it is complete (staged + renamed). No
+    # fsync: a sync is transient, a crash re-exports (the launch export included).
     export_hf(model, directory, tokenizer_dir=self.tokenizer_dir, dtype=self.dtype,
-              vision_source=self.vision_source)
+              vision_source=self.vision_source, durable=False,
+              write_threads=self.export_threads)
     multihost.barrier(f"exported {directory}")
 
   def load(self, model: nnx.Module, version: str) -> None:
@@ -162,11 +173,34 @@ class SGLangPolicyServer:
       self.process.stop()
 
 
+def export_bytes(model: nnx.Module, dtype: str) -> int:
+  """Bytes of `model`'s params stored in `dtype` (one exported version, less the headers)."""
+  sizes = [int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(model, nnx.Param))]
+  return sum(sizes) * jnp.dtype(dtype).itemsize  # jnp: knows "bfloat16"
+
+
+def check_export_room(export_dir: Path, needed: int) -> None:
+  """Raises ValueError naming `rollout.sglang.export_dir` when its filesystem cannot hold
+  `needed` bytes (two versions during a swap), counting a version already there as room."""
+  probe = Path(export_dir)
+  while not probe.exists() and probe != probe.parent:
+    probe = probe.parent
+  there = sum(f.stat().st_size for f in Path(export_dir).rglob("*") if f.is_file()) \
+      if Path(export_dir).is_dir() else 0
+  free = shutil.disk_usage(probe).free
+  if free + there < needed:
+    raise ValueError(
+        f"rollout.sglang.export_dir {export_dir}: its filesystem has {(free + there) / 2**30:.1f} "
+        f"GiB free for weight syncs, which need {needed / 2**30:.1f} GiB (two versions during a "
+        "swap); pick a larger filesystem (e.g. disk instead of /dev/shm)")
+
+
 def make_policy_server(model: nnx.Module, cfg: RunConfig, workdir: Path,
                        tokenizer_dir: Path) -> PolicyServer:
   if cfg.rollout.engine == "jax":
     return JaxPolicyServer(model, cfg)
-  return SGLangPolicyServer(model, cfg, workdir / "sglang_weights", tokenizer_dir,
+  export_dir = Path(cfg.rollout.sglang.export_dir or workdir / "sglang_weights")
+  return SGLangPolicyServer(model, cfg, export_dir, tokenizer_dir,
                             workdir / "logs" / "sglang.log", setup.vision_source(cfg))
 
 

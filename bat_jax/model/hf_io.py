@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import tempfile
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -27,11 +27,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 from safetensors import safe_open
-from safetensors.numpy import save_file
 
 from bat_jax import io_utils, sharding
 from bat_jax.model.config import CONFIG_FILE, ModelConfig
 from bat_jax.model.decoder import CausalLM, build_model
+from bat_jax.model.hf_write import add_stats, fetch_hf_layout, write_safetensors
 
 log = logging.getLogger(__name__)
 
@@ -100,22 +100,25 @@ def _param_paths(model: CausalLM) -> dict[tuple, nnx.Variable]:
 
 def host_value(value: jax.Array, dtype=None) -> np.ndarray:
   """One param on this host as numpy in `dtype` (default: its own), assembled from this
-  process's shards, each cast on the host as it arrives: no device-side cast, no gather onto
-  one device. A leaf spanning processes is first spread over each host's own devices
-  (`sharding.host_local`, a collective every process joins)."""
-  if not value.is_fully_addressable:
-    value = sharding.host_local(value)
-  out = np.empty(value.shape, np.dtype(dtype or value.dtype))
-  for shard in value.addressable_shards:
-    if shard.replica_id == 0:  # each slice once
-      out[shard.index] = np.asarray(shard.data).astype(out.dtype, copy=False)
-  return out
+  process's shards, each cast on the host straight into place (`hf_write.fetch_hf_layout`)."""
+  return fetch_hf_layout(value, dtype)
 
 
-def _hf_tensors(cfg: ModelConfig, path: tuple, value: np.ndarray) -> dict[str, np.ndarray]:
-  """One param's HF tensors (a stacked param: one per HF layer)."""
-  slices = list(value) if _is_stacked(cfg, path) else [value]
-  return {name: _to_hf(str(path[-1]), piece) for name, piece in zip(_hf_names(cfg, path), slices)}
+def _hf_tensors(cfg: ModelConfig, path: tuple, value: jax.Array, dtype=None,
+                stats: dict | None = None, threads: int = 1) -> dict[str, np.ndarray]:
+  """One param's HF tensors fetched from its shards in `dtype` (a stacked param: one per HF
+  layer). Kernels are cast and transposed in one pass per shard; conv weights get their
+  singleton axis as a view; per-layer slices of a stacked param are views of one array."""
+  leaf = str(path[-1])
+  t0 = time.perf_counter()
+  host = fetch_hf_layout(value, dtype, transpose=leaf == "kernel", threads=threads)
+  # bytes_fetched: what leaves the devices (the params' own dtype; the cast is on the host).
+  add_stats(stats, fetch_s=time.perf_counter() - t0,
+            bytes_fetched=value.size * value.dtype.itemsize)
+  if leaf == "conv_weight":
+    host = host[..., :, None, :]
+  slices = list(host) if _is_stacked(cfg, path) else [host]
+  return dict(zip(_hf_names(cfg, path), slices))
 
 
 def hf_state_dict(model: CausalLM, dtype=None) -> dict[str, np.ndarray]:
@@ -124,7 +127,7 @@ def hf_state_dict(model: CausalLM, dtype=None) -> dict[str, np.ndarray]:
   split back into one tensor per HF layer."""
   out = {}
   for path, var in _param_paths(model).items():
-    out.update(_hf_tensors(model.config, path, host_value(var[...], dtype)))
+    out.update(_hf_tensors(model.config, path, var[...], dtype))
   return out
 
 
@@ -269,21 +272,6 @@ def load_pretrained(path: str | Path, *, dtype=None, param_dtype=None, mesh: Mes
 # -- writing ------------------------------------------------------------------
 
 
-def _atomic_save_tensors(dest: Path, tensors: dict[str, np.ndarray]) -> None:
-  # safetensors streams to a path (no second in-memory copy of a 9B model), so the write goes
-  # to a tmp file that is then fsynced and renamed like io_utils' atomic writes.
-  fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-  os.close(fd)
-  try:
-    save_file(tensors, tmp, metadata={"format": "pt"})  # "pt": transformers requires it
-    io_utils.fsync_file(tmp)
-    os.replace(tmp, dest)
-  except BaseException:
-    Path(tmp).unlink(missing_ok=True)
-    raise
-  io_utils.fsync_dir(dest.parent)
-
-
 # Files a multimodal (`qwen3_5`) export carries from its source checkpoint beside the vision
 # tower: SGLang's `Qwen3_5ForConditionalGeneration` builds the tower and its processor.
 PREPROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
@@ -328,24 +316,75 @@ def _vision_tensors(source: Path, dtype) -> dict[str, tuple[int, Callable[[], np
   return out
 
 
+def _write_files(model: CausalLM, path: Path, plan: list[list[tuple]], extra: Mapping,
+                 out_dtype: np.dtype, *, durable: bool, write_threads: int,
+                 stats: dict | None) -> tuple[dict[str, str], int]:
+  """Fetches each planned file's tensors (in plan order: every process joins each leaf's
+  collective in the same order) and writes the file on a pool of `write_threads` writers, so
+  fetching file i + 1 overlaps writing file i; at most `write_threads` files wait in host
+  memory. Returns the weight map and the bytes of tensor data written (process 0; others
+  write nothing)."""
+  cfg, params = model.config, _param_paths(model)
+  writer = jax.process_index() == 0
+  names = [SINGLE_FILE] if len(plan) == 1 else [
+      f"model-{i + 1:05d}-of-{len(plan):05d}.safetensors" for i in range(len(plan))]
+  weight_map, total, pending = {}, 0, []
+  with ThreadPoolExecutor(max_workers=write_threads, thread_name_prefix="hf-write") as pool:
+    for fname, keys in zip(names, plan):
+      tensors = {}
+      for key in keys:
+        if key in params:
+          got = _hf_tensors(cfg, key, params[key][...], out_dtype, stats,
+                            threads=write_threads)  # every process joins
+          tensors.update(got if writer else {})
+        elif writer:
+          tensors[key[0]] = extra[key[0]][1]()
+      if not writer:
+        continue
+      weight_map.update({name: fname for name in tensors})
+      total += sum(t.nbytes for t in tensors.values())
+      pending.append(pool.submit(write_safetensors, path / fname, tensors, durable=durable,
+                                 metadata={"format": "pt"}, stats=stats))  # "pt": transformers
+      del tensors
+      _wait_until_fewer(pending, write_threads)
+    _wait_until_fewer(pending, 1)
+  return weight_map, total
+
+
+def _wait_until_fewer(pending: list[Future], limit: int) -> None:
+  """Waits (oldest first) until fewer than `limit` writes are pending; re-raises a failed one."""
+  while len(pending) >= limit and pending:
+    pending.pop(0).result()
+
+
 def save_pretrained(model: CausalLM, path: str | Path, *, tokenizer_dir: str | Path | None = None,
                     max_shard_bytes: int | None = None, dtype=None,
-                    vision_source: str | Path | None = None) -> Path:
+                    vision_source: str | Path | None = None, durable: bool = True,
+                    write_threads: int = 1, stats: dict | None = None) -> Path:
   """Writes an HF checkpoint: safetensors, config.json, and tokenizer files from `tokenizer_dir`.
 
-  Params are fetched one at a time from their shards and cast on the host (`host_value`), and
-  files are written one at a time: with `max_shard_bytes`, each file holds at most that many
-  bytes (`model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`), so the host
-  holds one file's tensors, and the devices nothing beyond the sharded params.
+  Params are fetched one at a time from their shards, each shard cast (and a kernel transposed)
+  on the host straight into its HF layout (`hf_write.fetch_hf_layout`); with `max_shard_bytes`,
+  each file holds at most that many bytes (`model-0000i-of-0000n.safetensors` +
+  `model.safetensors.index.json`), so the host holds a few files' tensors, and the devices
+  nothing beyond the sharded params.
 
   Args:
     dtype: storage dtype on disk (default the param dtype); config.json says the same.
     vision_source: for the multimodal layout, the checkpoint whose vision tower
       (`model.visual.*`, cast to `dtype`) and preprocessor files are carried into the export.
+    durable: fsync every file and the folder (evaluation exports, the final model). False (the
+      per-step rollout sync, which a crash redoes) skips every fsync.
+    write_threads: files written at once while the next file's tensors are fetched, and
+      shards of a leaf cast at once.
+    stats: optional dict that gets fetch_s, bytes_fetched, write_s, fsync_s, bytes_written
+      (seconds summed over the writer threads).
 
-  Every file is written atomically (tmp + fsync + rename). On multi-host runs all processes must
-  call this (a leaf that spans processes is spread over each host's devices) and process 0 writes.
+  Every file is written atomically (tmp + rename). On multi-host runs all processes must call
+  this (a leaf that spans processes is spread over each host's devices) and process 0 writes.
   """
+  if not isinstance(write_threads, int) or isinstance(write_threads, bool) or write_threads < 1:
+    raise ValueError(f"save_pretrained: write_threads must be an int >= 1, got {write_threads!r}")
   path = Path(path)
   cfg = model.config
   out_dtype = np.dtype(dtype or cfg.param_dtype)
@@ -362,29 +401,17 @@ def save_pretrained(model: CausalLM, path: str | Path, *, tokenizer_dir: str | P
     path.mkdir(parents=True, exist_ok=True)
     for f in [path / SINGLE_FILE, path / INDEX_FILE, *path.glob("model-*-of-*.safetensors")]:
       f.unlink(missing_ok=True)
-  weight_map, total = {}, 0
-  for i, keys in enumerate(plan):
-    tensors = {}
-    for key in keys:
-      if key in params:
-        value = host_value(params[key][...], out_dtype)  # every process joins
-        tensors.update(_hf_tensors(cfg, key, value) if writer else {})
-      elif writer:
-        tensors[key[0]] = extra[key[0]][1]()
-    if not writer:
-      continue
-    fname = SINGLE_FILE if len(plan) == 1 else f"model-{i + 1:05d}-of-{len(plan):05d}.safetensors"
-    _atomic_save_tensors(path / fname, tensors)
-    weight_map.update({name: fname for name in tensors})
-    total += sum(t.nbytes for t in tensors.values())
-    del tensors
+  weight_map, total = _write_files(model, path, plan, extra, out_dtype, durable=durable,
+                                   write_threads=write_threads, stats=stats)
   if not writer:
     return path
+  write = lambda name, text: io_utils.atomic_write_bytes(path / name, text.encode("utf-8"),
+                                                         durable=durable)
   if len(plan) > 1:
     index = {"metadata": {"total_size": int(total)}, "weight_map": dict(sorted(weight_map.items()))}
-    io_utils.atomic_write_text(path / INDEX_FILE, json.dumps(index, indent=2) + "\n")
+    write(INDEX_FILE, json.dumps(index, indent=2) + "\n")
   written = cfg if dtype is None else cfg.replace(param_dtype=jnp.dtype(dtype))
-  io_utils.atomic_write_text(path / CONFIG_FILE, json.dumps(written.to_hf_dict(), indent=2) + "\n")
+  write(CONFIG_FILE, json.dumps(written.to_hf_dict(), indent=2) + "\n")
   copies = [(Path(tokenizer_dir), TOKENIZER_FILES, "tokenizer_dir")] if tokenizer_dir else []
   copies += [(Path(vision_source), PREPROCESSOR_FILES, "vision_source")] if vision_source else []
   for source, names, field in copies:
@@ -392,5 +419,5 @@ def save_pretrained(model: CausalLM, path: str | Path, *, tokenizer_dir: str | P
       raise FileNotFoundError(f"{field} {source} does not exist")
     for name in names:
       if (source / name).is_file():
-        io_utils.atomic_write_bytes(path / name, (source / name).read_bytes())
+        io_utils.atomic_write_bytes(path / name, (source / name).read_bytes(), durable=durable)
   return path
