@@ -60,32 +60,20 @@ class AttentionMask:
 
   query_slots: [B, T] int32 absolute slot of each query token.
   key_valid: [B, S] bool, keys that exist (written, not padding).
-  aligned: static; True when query t sits at slot `offset + t` and the keys are slots
-    0 .. offset + T - 1 (S == offset + T): plain causal masking over a cache-free chunk
-    (offset 0) or over one query tile of it (a sequence-tiled layer's tile at `offset`).
-  offset: static; the first query's slot of an aligned mask.
+  aligned: static; True when query t sits at slot t over the same chunk
+    (cache-free forward, S == T), i.e. plain causal masking.
   """
 
   query_slots: jax.Array
   key_valid: jax.Array
   aligned: bool = dataclasses.field(default=False, metadata=dict(static=True))
-  offset: int = dataclasses.field(default=0, metadata=dict(static=True))
 
   @classmethod
   def causal(cls, valid: jax.Array) -> AttentionMask:
     """Cache-free causal mask over one chunk; valid: [B, T] bool."""
-    return cls.causal_suffix(valid, valid.shape[1])
-
-  @classmethod
-  def causal_suffix(cls, key_valid: jax.Array, query_len: int) -> AttentionMask:
-    """Causal mask of the last `query_len` slots of a cache-free chunk against all its keys;
-    key_valid: [B, S] bool (S >= query_len)."""
-    b, s = key_valid.shape
-    if not 0 < query_len <= s:
-      raise ValueError(f"causal_suffix: query_len {query_len} not in [1, {s}] (key slots)")
-    offset = s - query_len
-    slots = jnp.broadcast_to(jnp.arange(offset, s, dtype=jnp.int32), (b, query_len))
-    return cls(query_slots=slots, key_valid=key_valid.astype(bool), aligned=True, offset=offset)
+    b, t = valid.shape
+    slots = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    return cls(query_slots=slots, key_valid=valid.astype(bool), aligned=True)
 
   @classmethod
   def for_cache(cls, query_slots: jax.Array, new_lengths: jax.Array, max_len: int
@@ -146,15 +134,13 @@ def resolve_impl(impl: str | None, *, q_len: int, kv_len: int, mask: AttentionMa
   if impl in ("xla", "chunked"):
     return impl
   on_gpu = jax.default_backend() == "gpu"
-  # cuDNN's causal mask is top-left aligned: a query tile at an offset takes the automatic path.
-  cudnn_ok = mask.aligned and mask.offset == 0
-  if cudnn_ok and impl == "cudnn":
+  if mask.aligned and impl == "cudnn":
     if on_gpu and head_dim is not None and head_dim > cudnn_max_head_dim():
       raise ValueError(
           f"attention_impl 'cudnn' does not support head_dim {head_dim} on "
           f"{jax.devices()[0].device_kind} (limit {cudnn_max_head_dim()}); use 'chunked' or None")
     return "cudnn"
-  if (cudnn_ok and impl is None and on_gpu and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+  if (mask.aligned and impl is None and on_gpu and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
       and _auto_cudnn(head_dim or 0)):
     return "cudnn"
   return "chunked" if q_len * kv_len >= AUTO_CHUNKED_MIN_LOGITS else "xla"
@@ -177,9 +163,6 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, *,
   scale = q.shape[-1] ** -0.5
   chosen = resolve_impl(impl, q_len=q.shape[1], kv_len=k.shape[1], mask=mask, dtype=q.dtype,
                         head_dim=q.shape[-1])
-  if chosen == "chunked" and mask.aligned:
-    return causal_chunked_attention(q, k, v, mask.key_valid, offset=mask.offset, scale=scale,
-                                    block_size=block_size)
   if chosen == "chunked":
     return chunked_attention(q, k, v, mask, scale=scale, block_size=block_size)
   if chosen == "cudnn":
@@ -188,14 +171,13 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, *,
     return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True,
                                         key_value_seq_lengths=lengths, implementation="cudnn")
   if mask.aligned:
-    return causal_block_attention(q, k, v, mask.key_valid, scale=scale, offset=mask.offset)
+    return causal_block_attention(q, k, v, mask.key_valid, scale=scale)
   return jax.nn.dot_product_attention(q, k, v, mask=mask.dense()[:, None], scale=scale,
                                       implementation="xla")
 
 
 def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, *,
-                           scale: float, num_blocks: int = CAUSAL_QUERY_BLOCKS,
-                           offset: int = 0) -> jax.Array:
+                           scale: float, num_blocks: int = CAUSAL_QUERY_BLOCKS) -> jax.Array:
   """Dense causal GQA attention over one cache-free chunk (query t at slot t), in query blocks.
 
   Query block i multiplies only the keys up to its own last row, so the logits above the
@@ -206,11 +188,9 @@ def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: 
   count is a static unroll: more blocks skip more but compile longer.
 
   Args:
-    q: [B, T, H, Dh] at slots offset .. offset + T - 1; k, v: [B, offset + T, K, Dh];
-      key_valid: [B, offset + T] bool.
+    q: [B, T, H, Dh]; k, v: [B, T, K, Dh]; key_valid: [B, T] bool.
     scale: logit scale.
     num_blocks: query blocks (at most; at least 16 rows each).
-    offset: static slot of the first query (a query tile of a sequence-tiled layer).
   Returns:
     [B, T, H, Dh] in q's dtype (softmax in fp32).
   """
@@ -222,16 +202,16 @@ def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: 
   outs = []
   for start in range(0, t, block):
     stop = min(start + block, t)
-    n, end = stop - start, offset + stop  # this block's keys: slots [0, end)
+    n = stop - start
     q_blk = q[:, start:stop].reshape(b, n, kv_heads, groups, dh)
     q_blk = q_blk.transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, groups * n, dh)  # row = (g, t)
-    logits = jnp.einsum("bkqd,bksd->bkqs", q_blk, keys[:, :, :end],
+    logits = jnp.einsum("bkqd,bksd->bkqs", q_blk, keys[:, :, :stop],
                         preferred_element_type=jnp.float32) * scale
-    rows = np.tile(np.arange(offset + start, end), groups)  # each row's query slot (static)
-    visible = ((np.arange(end)[None, :] <= rows[:, None])[None, None]
-               & key_valid[:, None, None, :end])                              # [B, 1, GN, S]
+    rows = np.tile(np.arange(start, stop), groups)  # each row's query slot (static)
+    visible = ((np.arange(stop)[None, :] <= rows[:, None])[None, None]
+               & key_valid[:, None, None, :stop])                             # [B, 1, GN, S]
     probs = jax.nn.softmax(jnp.where(visible, logits, _MASK_VALUE), axis=-1)
-    out = jnp.einsum("bkqs,bksd->bkqd", probs.astype(v.dtype), values[:, :, :end],
+    out = jnp.einsum("bkqs,bksd->bkqd", probs.astype(v.dtype), values[:, :, :stop],
                      preferred_element_type=jnp.float32)
     outs.append(out.reshape(b, kv_heads, groups, n, dh).transpose(0, 3, 1, 2, 4)
                 .reshape(b, n, h, dh))
@@ -252,13 +232,11 @@ def seq_blocks(x: jax.Array, block: int) -> jax.Array:
 
 
 def _query_block(q_blk: jax.Array, slots: jax.Array, keys: tuple[jax.Array, ...], *,
-                 scale: float, skip_invisible: bool = True) -> jax.Array:
+                 scale: float) -> jax.Array:
   """One query block of `chunked_attention` against every key block (online softmax).
 
   q_blk: [B, bq, K, G, Dh]; slots: [B, bq]; keys: (k_blocks, v_blocks [Nk, B, bk, K, Dh],
   valid_blocks [Nk, B, bk], key_starts [Nk]). Returns fp32 [B, bq, K, G, Dh].
-  `skip_invisible`: key blocks no query sees are skipped with a `lax.cond` (cache masks);
-  static block structures pass only the blocks they need and take no branch.
   """
   b, bq, kv_heads, groups, dh = q_blk.shape
   bk = keys[0].shape[2]
@@ -284,8 +262,6 @@ def _query_block(q_blk: jax.Array, slots: jax.Array, keys: tuple[jax.Array, ...]
                       preferred_element_type=jnp.float32)
       return m_new, l_new, acc * correction[..., None] + pv
 
-    if not skip_invisible:
-      return update(carry), None
     needed = (start <= newest) & jnp.any(valid)
     return jax.lax.cond(needed, update, lambda c: c, carry), None
 
@@ -330,44 +306,3 @@ def chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionM
   _, out = jax.lax.scan(jax.checkpoint(scan_body), None, (q_blocks, slot_blocks))
   out = jnp.moveaxis(out, 0, 1).reshape(b, tp, h, dh)  # [B, Tp, H, Dh]
   return out[:, :t]
-
-
-def causal_chunked_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, *,
-                             offset: int, scale: float, block_size: int = 512) -> jax.Array:
-  """`chunked_attention` for an aligned mask (query t at slot offset + t), in static blocks.
-
-  Query blocks are unrolled, and each scans exactly the key blocks up to its own last row: no
-  key block above the diagonal is visited, and no block takes a data-dependent branch (the
-  generic path's per-block `lax.cond`). Right-padding keys are masked, not skipped, so a padded
-  batch costs what its length says. Same online-softmax arithmetic as `chunked_attention`;
-  each query block is rematerialised.
-
-  Args:
-    q: [B, T, H, Dh] at slots offset .. offset + T - 1; k, v: [B, offset + T, K, Dh];
-      key_valid: [B, offset + T] bool.
-    offset: static slot of the first query; scale: logit scale; block_size: bq = bk.
-  Returns:
-    [B, T, H, Dh] in q's dtype.
-  """
-  if block_size < 1:
-    raise ValueError(f"attention block_size must be positive, got {block_size}")
-  b, t, h, dh = q.shape
-  s, kv_heads = k.shape[1], k.shape[2]
-  if s != offset + t:
-    raise ValueError(f"aligned attention: {s} key slots for {t} queries at offset {offset}")
-  bq, bk = min(block_size, t), min(block_size, s)
-  sp = math.ceil(s / bk) * bk
-  key_blocks = (seq_blocks(pad_axis1(k, sp, 0), bk), seq_blocks(pad_axis1(v, sp, 0), bk),
-                seq_blocks(pad_axis1(key_valid, sp, False), bk),
-                jnp.arange(sp // bk, dtype=jnp.int32) * bk)     # [Nk, B, bk, ...], [Nk]
-  qg = q.reshape(b, t, kv_heads, h // kv_heads, dh)
-  block = jax.checkpoint(functools.partial(_query_block, scale=scale, skip_invisible=False))
-  outs = []
-  for start in range(0, t, bq):
-    stop = min(start + bq, t)
-    seen = -(-(offset + stop) // bk)        # key blocks holding slots [0, offset + stop)
-    slots = jnp.broadcast_to(jnp.arange(offset + start, offset + stop, dtype=jnp.int32),
-                             (b, stop - start))
-    keys = tuple(a[:seen] for a in key_blocks)
-    outs.append(block(qg[:, start:stop], slots, keys).astype(q.dtype))
-  return jnp.concatenate(outs, axis=1).reshape(b, t, h, dh)

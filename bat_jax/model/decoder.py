@@ -100,9 +100,9 @@ class DecoderLayer(nnx.Module):
             positions: jax.Array, attn_mask: AttentionMask, valid: jax.Array) -> jax.Array:
     """Cache-free layer over `tiles` equal sequence tiles of x [B, T, D] (T % tiles == 0).
 
-    DeltaNet scans the tiles, carrying its conv and recurrent state from tile to tile;
-    attention computes keys / values for the whole sequence once and runs each query tile
-    (static offsets) against the keys up to its end. With `policy` each tile is rematerialised, so the backward saves the tile inputs and
+    A `lax.scan` over tiles: DeltaNet carries its conv and recurrent state from tile to tile;
+    attention computes keys / values for the whole sequence once and scans query tiles against
+    them. With `policy` each tile is rematerialised, so the backward saves the tile inputs and
     carries (attention: only its whole input, the layer being rematerialised once more) and
     holds one tile's activations at a time. Same
     arithmetic as `__call__` when tiles are multiples of the DeltaNet chunk and attention block.
@@ -113,10 +113,9 @@ class DecoderLayer(nnx.Module):
       # Rematerialised once more as a whole, so the backward keeps only x: the tile steps'
       # inputs (x again, in tiles) and the keys / values are rebuilt per layer in its backward
       # instead of staying saved for every attention layer (0.8 GiB each at bat9b's shapes).
-      if not (attn_mask.aligned and attn_mask.offset == 0):
-        raise ValueError("a sequence-tiled attention layer needs a cache-free causal mask")
       attend = functools.partial(_tiled_attention, graphdef, tile=tile, policy=policy)
-      return _rematerialise(attend, policy)(x, params, positions, attn_mask.key_valid)
+      return _rematerialise(attend, policy)(x, params, positions, attn_mask.query_slots,
+                                            attn_mask.key_valid)
     xs = tuple(seq_blocks(a, tile) for a in (x, valid))
 
     def mix_tile(x_t, params, state, valid_t):
@@ -136,30 +135,32 @@ class DecoderLayer(nnx.Module):
 
 
 def _tiled_attention(graphdef: nnx.GraphDef, x: jax.Array, params, positions: jax.Array,
-                     key_valid: jax.Array, *, tile: int,
+                     query_slots: jax.Array, key_valid: jax.Array, *, tile: int,
                      policy: Callable[..., bool] | None) -> jax.Array:
-  """A full-attention `DecoderLayer.tiled`: keys / values of the whole sequence once, then each
-  query tile (unrolled: static offsets) against the keys up to its own end, through the aligned
-  causal kernels (`AttentionMask.causal_suffix`), each tile rematerialised with `policy`."""
+  """A full-attention `DecoderLayer.tiled`: keys / values of the whole sequence once, then a
+  scan of query tiles against them (each tile rematerialised with `policy`)."""
 
   def keys_values(h, params, positions):
     layer = nnx.merge(graphdef, params)
     return layer.self_attn.keys_values(layer.input_layernorm(h), positions=positions)
 
-  def attend_tile(x_t, params, key, value, pos_t, key_valid, *, end):
+  def attend_tile(x_t, params, key, value, pos_t, slots_t, key_valid):
     layer = nnx.merge(graphdef, params)
-    mask = AttentionMask.causal_suffix(key_valid[:, :end], x_t.shape[1])
-    mixed = layer.self_attn.attend_to(layer.input_layernorm(x_t), positions=pos_t,
-                                      key=key[:, :end], value=value[:, :end], mask=mask)
+    mask = AttentionMask(query_slots=slots_t, key_valid=key_valid)
+    mixed = layer.self_attn.attend_to(layer.input_layernorm(x_t), positions=pos_t, key=key,
+                                      value=value, mask=mask)
     return layer._residual_mlp(x_t, mixed)
 
   key, value = _rematerialise(keys_values, policy)(x, params, positions)  # [B, T, K, Dh]
-  outs = []
-  for end in range(tile, x.shape[1] + 1, tile):
-    step = _rematerialise(functools.partial(attend_tile, end=end), policy)
-    outs.append(step(x[:, end - tile:end], params, key, value, positions[:, end - tile:end],
-                     key_valid))
-  return jnp.concatenate(outs, axis=1)
+  step = _rematerialise(attend_tile, policy)
+
+  def body(carry, xs):
+    x_t, pos_t, slots_t = xs
+    return carry, step(x_t, params, key, value, pos_t, slots_t, key_valid)
+
+  xs = tuple(seq_blocks(a, tile) for a in (x, positions, query_slots))
+  _, out = jax.lax.scan(body, None, xs)  # [tiles, B, tile, D]
+  return jnp.moveaxis(out, 0, 1).reshape(x.shape)
 
 
 def _rematerialise(fn: Callable, policy: Callable[..., bool] | None) -> Callable:

@@ -83,39 +83,6 @@ def test_causal_block_attention_matches_dense(t, num_blocks):
   np.testing.assert_allclose(np.asarray(out)[ok], expected[ok], atol=1e-5)
 
 
-@pytest.mark.parametrize("offset,t,block", [(32, 16, 8), (24, 13, 8), (64, 64, 16)])
-def test_query_tile_at_an_offset_matches_dense(offset, t, block):
-  # A sequence-tiled layer's query tile: queries at slots offset.., keys 0..offset + t - 1
-  # (the right-padded row ends inside the keys before the tile and inside the tile).
-  s = offset + t
-  q, k, v = _qkv(3, t, s, 4, 2, 8, seed=offset + t)
-  lens = jnp.asarray([s, offset + t // 2, offset // 2])
-  key_valid = jnp.arange(s)[None, :] < lens[:, None]
-  mask = AttentionMask.causal_suffix(key_valid, t)
-  assert mask.aligned and mask.offset == offset
-  query_ok = (offset + jnp.arange(t))[None, :] < lens[:, None]
-  _check_against_reference(q, k, v, mask, query_ok, [
-      ("xla", {}), ("chunked", dict(block_size=block))])
-
-
-def test_aligned_chunked_takes_no_data_dependent_branch():
-  # The aligned (cache-free, tile) path visits a static triangle of key blocks: no
-  # `conditional` in its forward or backward; the cache path still skips with one.
-  q, k, v = _qkv(1, 64, 128, 4, 2, 8)
-  tile = AttentionMask.causal_suffix(jnp.ones((1, 128), bool), 64)
-  cache = AttentionMask.for_cache(tile.query_slots, jnp.asarray([128]), 128)
-
-  def hlo(mask):
-    fn = jax.grad(lambda q, k, v: jnp.sum(attend(q, k, v, mask, impl="chunked", block_size=16)),
-                  (0, 1, 2))
-    return jax.jit(fn).lower(q, k, v).as_text()
-
-  assert "conditional" not in hlo(tile) and "stablehlo.case" not in hlo(tile)
-  assert "stablehlo.case" in hlo(cache) or "conditional" in hlo(cache)
-  with pytest.raises(ValueError, match="query_len"):
-    AttentionMask.causal_suffix(jnp.ones((1, 8), bool), 9)
-
-
 def test_cache_mask_chunked_matches_dense_with_ragged_lengths():
   # 5 new tokens per row written after ragged cache contents into 24 slots;
   # row 2 has only 2 valid new tokens (its padded queries reuse slot 12).
