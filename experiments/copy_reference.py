@@ -60,10 +60,26 @@ def echo_rows(n_rows: int, seq: int, alphabet: int, seed: int, lengths: tuple[in
   return ids, mask
 
 
+def stages(args) -> list[tuple[int, int, int, int, int]]:
+  """`(steps, batch, seq, kmin, kmax)` per curriculum stage (`--curriculum`; one stage without)."""
+  if not args.curriculum:
+    return [(args.stop or args.steps, args.batch, args.seq, args.kmin, args.kmax)]
+  return [tuple(int(x) for x in stage.split(":")) for stage in args.curriculum.split(",")]
+
+
+def batches(args):
+  """Each step's `(ids, mask)`, stage after stage (each stage's rows drawn with its own seed)."""
+  for i, (steps, batch, seq, kmin, kmax) in enumerate(stages(args)):
+    ids, mask = echo_rows(steps * batch, seq, args.alphabet, args.seed + 1 + 1000 * i,
+                          (kmin, kmax))
+    for s in range(steps):
+      yield ids[s * batch:(s + 1) * batch], mask[s * batch:(s + 1) * batch]
+
+
 def lr_at(step: int, args) -> float:
   if step < args.warmup:
     return args.lr * step / args.warmup
-  t = (step - args.warmup) / max(args.steps - args.warmup, 1)
+  t = 0.0 if args.constant else (step - args.warmup) / max(args.steps - args.warmup, 1)
   return args.lr * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
 
 
@@ -79,19 +95,15 @@ def run_jax(args, weights_dir: str, conn) -> None:
   conn.send("saved")
   graphdef, params, rest = train.split_model(model)
   opt = train.make_optimizer(train.OptimizerConfig(
-      learning_rate=args.lr, schedule="cosine", warmup_steps=args.warmup,
+      learning_rate=args.lr, schedule="constant" if args.constant else "cosine", warmup_steps=args.warmup,
       total_steps=args.steps, max_grad_norm=1.0))
   step_fn = train.make_train_step(train.build_step_fn(
       graphdef, sft_loss_fn(), opt, train.StepConfig(num_micro_batches=1)))
   state = train.init_train_state(params, opt, seed=0)
   frozen = {"rest": rest, "ref_params": None}
-  ids, mask = echo_rows(args.steps * args.batch, args.seq, args.alphabet, args.seed + 1,
-                        (args.kmin, args.kmax))
   curve, start = [], time.perf_counter()
-  for s in range(args.stop or args.steps):
-    rows = slice(s * args.batch, (s + 1) * args.batch)
-    batch = {"input_ids": ids[rows], "loss_mask": mask[rows],
-             "valid": np.ones_like(ids[rows], bool)}
+  for s, (ids, mask) in enumerate(batches(args)):
+    batch = {"input_ids": ids, "loss_mask": mask, "valid": np.ones_like(ids, bool)}
     state, metrics = step_fn(state, batch, frozen)
     if (s + 1) % args.every == 0:
       curve.append(float(metrics["loss"]))
@@ -109,15 +121,12 @@ def run_torch(args, weights_dir: str, conn) -> None:
                                                             dtype=torch.float32).train()
   opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
                           weight_decay=0.0)
-  ids, mask = echo_rows(args.steps * args.batch, args.seq, args.alphabet, args.seed + 1,
-                        (args.kmin, args.kmax))
   curve, start = [], time.perf_counter()
-  for s in range(args.stop or args.steps):
+  for s, (ids, mask) in enumerate(batches(args)):
     for group in opt.param_groups:
       group["lr"] = lr_at(s, args)
-    rows = slice(s * args.batch, (s + 1) * args.batch)
-    x = torch.as_tensor(ids[rows]).long()
-    m = torch.as_tensor(mask[rows])[:, 1:]
+    x = torch.as_tensor(ids).long()
+    m = torch.as_tensor(mask)[:, 1:]
     logits = model(input_ids=x).logits[:, :-1].float()
     logp = torch.log_softmax(logits, -1).gather(-1, x[:, 1:, None])[..., 0]
     loss = -(logp * m).sum() / m.sum()
@@ -140,6 +149,9 @@ def main() -> None:
   p.add_argument("--vocab", type=int, default=1024)
   p.add_argument("--kmin", type=int, default=12, help="shortest list an echo copies")
   p.add_argument("--kmax", type=int, default=40, help="longest list + 1")
+  p.add_argument("--curriculum", default="", help="stages STEPS:BATCH:SEQ:KMIN:KMAX,... run in "
+                 "order (replaces --stop/--batch/--seq/--kmin/--kmax; the schedule spans --steps)")
+  p.add_argument("--constant", action="store_true", help="hold the lr after warmup (no decay)")
   p.add_argument("--alphabet", type=int, default=1021, help="distinct tokens documents draw")
   p.add_argument("--width", type=int, default=128)
   p.add_argument("--layers", default="F,F,F,F", help="comma list of F (attention) / L (DeltaNet)")

@@ -137,7 +137,8 @@ def markdown(report: dict[str, Any]) -> str:
   if base:
     lines += ["", f"Tiny base `{base['key']}` ({'cached' if base['cache_hit'] else 'built'}): "
               f"copy accuracy {base['copy_accuracy']:.3f} on {base['probes']} fresh probes "
-              f"(values {base['value_accuracy']:.3f}), {base.get('echo_steps', 0)} echo + "
+              f"(values {base['value_accuracy']:.3f}), "
+              f"{base.get('echo_steps', 0) + base.get('echo_long_steps', 0)} echo + "
               f"{base['steps']} corpus steps, "
               f"{base['seconds']:.0f} s to build."]
   lines += ["", f"Cold-start SFT validation NLL per target token: "

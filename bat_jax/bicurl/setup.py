@@ -73,8 +73,11 @@ def prepare_tokenizer(cfg: RunConfig, out_dir: Path) -> Path:
   if cfg.tokenizer.source == "train":
     corpus = tokenizer_corpus(cfg.tokenizer.train.corpus_tasks, cfg.seed,
                               cfg.workflow.action_space)
+    # The tiny base's echoes need separators no text holds; other runs' vocabularies stay as were.
+    reserved = tokenizer_lib.PRETRAIN_TOKENS if cfg.model.source == "tiny_base" else ()
     tokenizer_lib.train_tokenizer(corpus, cfg.tokenizer.train.vocab_size, staging,
-                                  chat_family=tokenizer_lib.FAMILY_OF_MODEL_TYPE[model_type(cfg)])
+                                  chat_family=tokenizer_lib.FAMILY_OF_MODEL_TYPE[model_type(cfg)],
+                                  reserved=reserved)
   else:
     source = Path(cfg.tokenizer.path or cfg.model.path)
     staging.mkdir(parents=True)

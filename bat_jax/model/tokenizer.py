@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -29,6 +29,11 @@ RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 CONTROL_TOKENS: tuple[str, ...] = (ENDOFTEXT, IM_START, IM_END)
 MARKUP_TOKENS: tuple[str, ...] = (
     CALL_OPEN, CALL_CLOSE, RESPONSE_OPEN, RESPONSE_CLOSE, THINK_OPEN, THINK_CLOSE)
+# Reserved for the tiny base's echo pretraining (`bat_jax.pretrain.base`): one separator per role,
+# a token no text and no echo list ever contains (the chat format's own tokens would teach it
+# something about turns). Only tokenizers trained with `reserved=PRETRAIN_TOKENS` hold them.
+ECHO_LIST, ECHO_COPY = "<|echo_list|>", "<|echo_copy|>"
+PRETRAIN_TOKENS: tuple[str, ...] = (ECHO_LIST, ECHO_COPY)
 TOKENIZER_FILES: tuple[str, ...] = ("tokenizer.json", "tokenizer_config.json")
 # Qwen2's pre-tokenizer split: contractions, letter runs, single digits, punctuation, newlines.
 PRETOKENIZE_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
@@ -49,7 +54,8 @@ def chat_template(family: str) -> str:
 
 
 def train_tokenizer(corpus: Iterable[str], vocab_size: int, out_dir: str | os.PathLike, *,
-                    chat_family: str = "qwen3_5", min_frequency: int = 2) -> pathlib.Path:
+                    chat_family: str = "qwen3_5", min_frequency: int = 2,
+                    reserved: Sequence[str] = ()) -> pathlib.Path:
   """Trains a byte-level BPE tokenizer in HF format with Qwen's special tokens and chat template.
 
   Args:
@@ -60,12 +66,14 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int, out_dir: str | os.Pa
       `special_tokens_map.json` into (created if missing).
     chat_family: whose chat template goes into `tokenizer_config.json` (`qwen3_5` or `qwen3`).
     min_frequency: minimum pair count for a merge.
+    reserved: extra special tokens (e.g. `PRETRAIN_TOKENS`), counted in `vocab_size`.
 
   Returns:
     `out_dir` as a Path; loadable by `load_tokenizer`, `AutoTokenizer` and SGLang.
   """
   template = chat_template(chat_family)
-  floor = 256 + len(CONTROL_TOKENS) + len(MARKUP_TOKENS)
+  control = CONTROL_TOKENS + tuple(reserved)
+  floor = 256 + len(control) + len(MARKUP_TOKENS)
   if vocab_size <= floor:
     raise ValueError(f"vocab_size={vocab_size} must exceed {floor} (256 bytes + special tokens)")
   tok = tokenizers.Tokenizer(models.BPE())
@@ -77,7 +85,7 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int, out_dir: str | os.Pa
   tok.post_processor = processors.ByteLevel(trim_offsets=False)
   trainer = trainers.BpeTrainer(
       vocab_size=vocab_size - len(MARKUP_TOKENS), min_frequency=min_frequency,
-      special_tokens=list(CONTROL_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+      special_tokens=list(control), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
       show_progress=False)
   tok.train_from_iterator(corpus, trainer)
   tok.add_tokens([tokenizers.AddedToken(t, special=False, normalized=False)
@@ -85,18 +93,18 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int, out_dir: str | os.Pa
 
   added = {str(tok.token_to_id(t)): {
       "content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
-      "special": t in CONTROL_TOKENS} for t in CONTROL_TOKENS + MARKUP_TOKENS}
+      "special": t in control} for t in control + MARKUP_TOKENS}
   config = {
       "tokenizer_class": "PreTrainedTokenizerFast",
       "added_tokens_decoder": added,
       "bos_token": None, "eos_token": IM_END, "pad_token": ENDOFTEXT, "unk_token": None,
-      "additional_special_tokens": [IM_START, IM_END],
+      "additional_special_tokens": [IM_START, IM_END, *reserved],
       "clean_up_tokenization_spaces": False, "split_special_tokens": False,
       "model_max_length": 131072, "errors": "replace",
       "chat_template": template,
   }
   special_map = {"eos_token": IM_END, "pad_token": ENDOFTEXT,
-                 "additional_special_tokens": [IM_START, IM_END]}
+                 "additional_special_tokens": [IM_START, IM_END, *reserved]}
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   io_utils.atomic_write_text(out / "tokenizer.json", tok.to_str())

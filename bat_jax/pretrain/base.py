@@ -9,10 +9,11 @@ repeated runs and the study's seeds and modes share one base.
     cache_dir/<key>/base.json     probe copy accuracy, loss, steps, seconds (the report's record)
     cache_dir/<key>.build/        orbax checkpoints of an unfinished build (resumed, then removed)
 
-Pretraining is the SFT trainer in two phases, so it is seeded, resumable and bit-identical like
-SFT: `echo_steps` of echoes only (random word pieces, then the same pieces again: where
-induction heads form), then `steps` of packed plain-text documents (`corpus.plain_text`) with
-an echo after every second one, the loss on the calls and on the echoes' second copies. The
+Pretraining is the SFT trainer in three phases, so it is seeded, resumable and bit-identical
+like SFT: `echo_steps` of short echoes in short rows, then `echo_long_steps` of longer ones
+(random vocabulary pieces between the tokenizer's reserved separators, then the same pieces
+again: where induction heads form), then `steps` of packed plain-text documents
+(`corpus.plain_text`) with an echo after every second one, the loss on the calls and on the echoes' second copies. The
 corpus is leak-checked against this run's held-out markers on every use, built or reused: a
 base must never have seen held-out content, and a hit fails closed (an echo the check refuses
 is drawn again, and the redraw recorded).
@@ -52,6 +53,9 @@ class PretrainConfig:
   echo_steps: int
   echo_batch_size: int
   echo_seq_len: int
+  echo_long_steps: int
+  echo_long_batch_size: int
+  echo_long_seq_len: int
   steps: int
   batch_size: int
   seq_len: int
@@ -104,25 +108,40 @@ def _encoded_documents(tokenizer: Any, docs: Sequence[corpus.Document], eot_id: 
 
 
 ECHO_SHARE = 2   # every ECHO_SHARE-th packed document is an echo (`_echo`)
-ECHO_PHASE_START = 10_000_000   # echo indices of the echo-only first phase (never a document's)
-# Lists an echo copies, by phase. Short lists in short rows end the copying plateau by step
-# ~100-150, where 12-40 pieces in 256-token rows took 250-350 or never (at init attention is
-# spread over the whole row, so the look-back signal is ~1/row length; experiments/README.md).
-# The corpus phase's echoes are long, meant to carry the heads over to the world's long rows
-# (not yet shown: the measured base still copies 0 of its probe calls).
-ECHO_LENGTHS = {"echo": (4, 14), "corpus": (12, 40)}
+# Echo indices of the echo-only phases (never a document's): short, then long lists.
+ECHO_PHASE_START = {"echo": 10_000_000, "echo_long": 20_000_000}
+# Lists an echo copies, by phase: a short -> long curriculum. Lists of 2-6 in 32-token rows end
+# the copying plateau by step ~80, 4-13 in 64-token rows by ~150, 12-40 in 256-token rows at
+# 250-350 or never (at init attention is spread over the whole row, so the look-back signal is
+# ~1/row length; experiments/README.md, "The tiny base"). Heads grown on short lists do not
+# carry to long ones at once, so each phase lengthens them.
+ECHO_LENGTHS = {"echo": (2, 7), "echo_long": (4, 14), "corpus": (4, 24)}
 MAX_REDRAWS = 8   # an echo the leak check refuses is drawn again, at most this many times
 
 
-# An echo is `:` pieces `$` the same pieces, newline: one-token separators that no list holds.
-# With the multi-token `Copy: ... $ echo ...` the plateau was still flat at step 300; with
-# one-token separators it was ending there (experiments/README.md, "The tiny base").
+# An echo is `<|echo_list|>` pieces `<|echo_copy|>` the same pieces `<|endoftext|>`: separators
+# reserved in the tokenizer (`tokenizer.PRETRAIN_TOKENS`), which no list and no text holds. With
+# text separators (`:` `$` `\n`, or `Copy: ... $ echo ...`) the plateau was still flat at step
+# 300 where reserved ones crossed it (experiments/README.md, "The tiny base").
 # Any change to how echoes or rows are drawn must bump `corpus.GENERATOR_VERSION` (the cache key).
-ECHO_SEPARATORS = (":", "$", "\n")
 
 
-def _separators(tokenizer: Any) -> tuple[list[int], list[int], list[int]]:
-  return tuple(tokenizer(t, add_special_tokens=False)["input_ids"] for t in ECHO_SEPARATORS)
+def _phase_of(index: int) -> str:
+  """The phase whose lengths echo `index` draws (`ECHO_LENGTHS`)."""
+  for name in ("echo_long", "echo"):
+    if index >= ECHO_PHASE_START[name]:
+      return name
+  return "corpus"
+
+
+def _separators(tokenizer: Any) -> tuple[int, int]:
+  vocab = tokenizer.get_vocab()
+  missing = [t for t in tokenizer_lib.PRETRAIN_TOKENS if t not in vocab]
+  if missing:
+    raise ValueError(f"the tokenizer lacks the tiny base's reserved echo separators {missing}; "
+                     "train it with reserved=tokenizer.PRETRAIN_TOKENS (setup does for "
+                     "model.source = 'tiny_base')")
+  return tuple(vocab[t] for t in tokenizer_lib.PRETRAIN_TOKENS)
 
 
 @functools.lru_cache(maxsize=4)
@@ -132,7 +151,7 @@ def _echo_pool(tokenizer: Any) -> np.ndarray:
   vocabulary crossed it at ~250 (experiments/README.md); pieces that make an echo read as a
   path or a held-out marker are refused by the leak check, and that echo is drawn again
   (`_first_clean`)."""
-  excluded = set(tokenizer.all_special_ids).union(*_separators(tokenizer))
+  excluded = set(tokenizer.all_special_ids).union(_separators(tokenizer))
   return np.array([i for i in range(len(tokenizer)) if i not in excluded])
 
 
@@ -142,12 +161,11 @@ def _echo(tokenizer: Any, seed: int, index: int, eot_id: int, attempt: int = 0
   there is (every repeated piece is predictable only by looking back), the one on which
   induction heads form (experiments/README.md, "The tiny base")."""
   rng = np.random.default_rng([seed, index, 7, attempt])
-  lengths = ECHO_LENGTHS["echo" if index >= ECHO_PHASE_START else "corpus"]
-  pieces = rng.choice(_echo_pool(tokenizer), size=int(rng.integers(*lengths)),
-                      replace=False).tolist()
-  head, mid, end = _separators(tokenizer)
-  ids = head + pieces + mid + pieces + end + [eot_id]
-  return ids, [0] * (len(head) + len(pieces) + len(mid)) + [1] * (len(pieces) + len(end)) + [0]
+  size = int(rng.integers(*ECHO_LENGTHS[_phase_of(index)]))
+  pieces = rng.choice(_echo_pool(tokenizer), size=size, replace=False).tolist()
+  head, mid = _separators(tokenizer)
+  ids = [head] + pieces + [mid] + pieces + [eot_id]
+  return ids, [0] * (len(pieces) + 2) + [1] * len(pieces) + [0]
 
 
 def _echo_text(tokenizer: Any, seed: int, index: int, eot_id: int, attempt: int) -> str:
@@ -195,17 +213,19 @@ def _pack(docs: Iterator[tuple[list[int], list[int]]], n_rows: int, seq_len: int
 
 @dataclasses.dataclass
 class Corpus:
-  """What pretraining trains on: the echo-only first phase's rows, then the corpus rows."""
+  """What pretraining trains on: the echo-only phases' rows, then the corpus rows."""
   echo_rows: list[tuple[list[int], list[int]]]
+  echo_long_rows: list[tuple[list[int], list[int]]]
   rows: list[tuple[list[int], list[int]]]
   documents: int                 # corpus documents drawn (indices 0..documents-1)
-  echoes: int                    # echo-phase echoes drawn (from ECHO_PHASE_START)
+  echoes: int                    # echo-phase echoes drawn (from ECHO_PHASE_START["echo"])
+  long_echoes: int               # long-echo-phase echoes drawn (from ECHO_PHASE_START["echo_long"])
   document_redraws: dict[int, int]   # document index -> the attempt trained on (-1: skipped)
   echo_redraws: dict[int, int]       # echo index -> the attempt trained on (-1: skipped)
 
   def record(self) -> dict[str, Any]:
     """What a reused base's leak check needs (`check_corpus`)."""
-    return {"documents": self.documents, "echoes": self.echoes,
+    return {"documents": self.documents, "echoes": self.echoes, "long_echoes": self.long_echoes,
             **{f"{k}_redraws": {str(i): a for i, a in sorted(r.items())}
                for k, r in (("document", self.document_redraws), ("echo", self.echo_redraws))}}
 
@@ -215,16 +235,16 @@ def build_corpus(tokenizer: Any, pcfg: PretrainConfig, eot_id: int, checker: Any
   document and echo is one the leak check accepts (`_first_clean`), checked as it is drawn."""
   doc_redraws: dict[int, int] = {}
   echo_redraws: dict[int, int] = {}
-  counts = {"documents": 0, "echoes": 0}
+  counts = {"documents": 0, "echo": 0, "echo_long": 0}
 
   def echo(index: int):
     attempt = _first_clean(lambda a: _echo_text(tokenizer, pcfg.seed, index, eot_id, a), index,
                            checker, echo_redraws)
     return None if attempt is None else _echo(tokenizer, pcfg.seed, index, eot_id, attempt)
 
-  def echoes():
-    for index in itertools.count(ECHO_PHASE_START):
-      counts["echoes"] += 1
+  def echoes(phase: str):
+    for index in itertools.count(ECHO_PHASE_START[phase]):
+      counts[phase] += 1
       if (drawn := echo(index)) is not None:
         yield drawn
 
@@ -240,15 +260,17 @@ def build_corpus(tokenizer: Any, pcfg: PretrainConfig, eot_id: int, checker: Any
         if i % ECHO_SHARE == 0 and (drawn := echo(i)) is not None:
           yield drawn
 
-  longest = sum(map(len, _separators(tokenizer))) + 1 + 2 * (ECHO_LENGTHS["echo"][1] - 1)
-  if pcfg.echo_steps and pcfg.echo_seq_len < longest:  # `_pack` would skip every echo, forever
-    raise ValueError(f"pretrain.echo_seq_len={pcfg.echo_seq_len} is shorter than the longest "
-                     f"echo-phase echo ({longest} tokens); set it to at least {longest}")
-  echo_rows = (_pack(echoes(), pcfg.echo_steps * pcfg.echo_batch_size, pcfg.echo_seq_len,
-                     eot_id) if pcfg.echo_steps else [])
+  echo_rows = {}
+  for phase in ("echo", "echo_long"):
+    steps, batch, seq = (getattr(pcfg, f"{phase}_{f}") for f in ("steps", "batch_size", "seq_len"))
+    longest = 3 + 2 * (ECHO_LENGTHS[phase][1] - 1)   # two separators, <eot>, the list twice
+    if steps and seq < longest:  # `_pack` would skip every echo, forever
+      raise ValueError(f"pretrain.{phase}_seq_len={seq} is shorter than the longest "
+                       f"{phase} echo ({longest} tokens); set it to at least {longest}")
+    echo_rows[phase] = _pack(echoes(phase), steps * batch, seq, eot_id) if steps else []
   rows = _pack(documents(), pcfg.steps * pcfg.batch_size, pcfg.seq_len, eot_id)
-  return Corpus(echo_rows, rows, counts["documents"], counts["echoes"], doc_redraws,
-                echo_redraws)
+  return Corpus(echo_rows["echo"], echo_rows["echo_long"], rows, counts["documents"],
+                counts["echo"], counts["echo_long"], doc_redraws, echo_redraws)
 
 
 def check_corpus(checker: Any, tokenizer: Any, pcfg: PretrainConfig, record: Mapping[str, Any],
@@ -273,8 +295,10 @@ def check_corpus(checker: Any, tokenizer: Any, pcfg: PretrainConfig, record: Map
     refuse("document", index, lambda a: _document_text(pcfg.seed, index, a))
     if index % ECHO_SHARE == 0 and redraws["document"].get(index, 0) >= 0:
       refuse("echo", index, lambda a: echo(a, index))
-  for index in range(ECHO_PHASE_START, ECHO_PHASE_START + record.get("echoes", 0)):
-    refuse("echo", index, lambda a: echo(a, index))
+  for phase, count in (("echo", "echoes"), ("echo_long", "long_echoes")):
+    start = ECHO_PHASE_START[phase]
+    for index in range(start, start + record.get(count, 0)):
+      refuse("echo", index, lambda a: echo(a, index))
 
 
 def greedy_calls(model: nnx.Module, tokenizer: Any, contexts: Sequence[str], *, eot_id: int,
@@ -339,13 +363,14 @@ def load_record(base_dir: Path) -> Optional[dict[str, Any]]:
 
 def _train(model: nnx.Module, build: Any, pcfg: PretrainConfig, data: Corpus, staging: Path,
            eot_id: int, *, mesh: jax.sharding.Mesh, rules: Any) -> dict[str, Optional[float]]:
-  """The two phases, each the SFT trainer with its own orbax folder (a finished phase restores
-  and returns at once on a resume). The echo phase holds its learning rate after warmup: the
-  copying plateau ends at step ~250-350 only if the rate is still high then (measured:
+  """The three phases, each the SFT trainer with its own orbax folder (a finished phase restores
+  and returns at once on a resume). The echo phases hold their learning rate after warmup: the
+  copying plateau ends only while the rate is still high (measured:
   experiments/copy_reference.py); the corpus phase then decays it (cosine)."""
   from bat_jax.sft import SftConfig, run_sft      # heavy imports: only when building
   from bat_jax.train.step import OptimizerConfig
-  losses: dict[str, list[float]] = {"echo": [], "corpus": []}
+  losses: dict[str, list[float]] = {"echo": [], "echo_long": [], "corpus": []}
+  seconds: dict[str, float] = {}
 
   def phase(name: str, rows, steps: int, shape: tuple[int, int], schedule: str,
             make_params) -> None:
@@ -361,16 +386,22 @@ def _train(model: nnx.Module, build: Any, pcfg: PretrainConfig, data: Corpus, st
         raise FloatingPointError(f"pretraining {name} step {step}: non-finite loss {loss}")
       losses[name].append(loss)
 
+    start = time.monotonic()
     run_sft(model, rows, cfg, staging / f"ckpt_{name}", mesh=mesh, rules=rules,
             make_params=make_params, on_step=on_step)
+    seconds[f"{name}_seconds"] = round(time.monotonic() - start, 1)
 
-  init = lambda trainer: trainer.init_params(build)
-  if pcfg.echo_steps:
-    phase("echo", data.echo_rows, pcfg.echo_steps, (pcfg.echo_batch_size, pcfg.echo_seq_len),
-          "constant", init)
-  phase("corpus", data.rows, pcfg.steps, (pcfg.batch_size, pcfg.seq_len), "cosine",
-        None if pcfg.echo_steps else init)
-  return {f"{k}_final_loss": v[-1] if v else None for k, v in losses.items()}
+  make_params = lambda trainer: trainer.init_params(build)   # the first phase run inits
+  for name, rows, schedule in (("echo", data.echo_rows, "constant"),
+                               ("echo_long", data.echo_long_rows, "constant"),
+                               ("corpus", data.rows, "cosine")):
+    prefix = "" if name == "corpus" else f"{name}_"
+    steps = getattr(pcfg, f"{prefix}steps")
+    if steps:
+      phase(name, rows, steps, (getattr(pcfg, f"{prefix}batch_size"),
+                                getattr(pcfg, f"{prefix}seq_len")), schedule, make_params)
+      make_params = None
+  return {**{f"{k}_final_loss": v[-1] if v else None for k, v in losses.items()}, **seconds}
 
 
 def ensure_base(build: Any, pcfg: PretrainConfig, hf_config: dict[str, Any], tokenizer_dir: Path,
@@ -398,14 +429,15 @@ def ensure_base(build: Any, pcfg: PretrainConfig, hf_config: dict[str, Any], tok
   probe = probe_copy(model, tokenizer, pcfg, eot_id)
   export_hf(model, staging / "model", tokenizer_dir=tokenizer_dir)
   record = {"key": key, "generator": corpus.GENERATOR_VERSION, "echo_steps": pcfg.echo_steps,
-            "steps": pcfg.steps, **drawn,
+            "echo_long_steps": pcfg.echo_long_steps, "steps": pcfg.steps, **drawn,
             "tokens": (pcfg.echo_steps * pcfg.echo_batch_size * pcfg.echo_seq_len
-                       + pcfg.steps * pcfg.batch_size * pcfg.seq_len),
+                       + pcfg.echo_long_steps * pcfg.echo_long_batch_size
+                       * pcfg.echo_long_seq_len + pcfg.steps * pcfg.batch_size * pcfg.seq_len),
             "final_loss": losses["corpus_final_loss"], **losses,
             "train_seconds": round(train_s, 1),
             "seconds": round(time.monotonic() - start, 1), **probe}
   atomic_write_json(staging / RECORD, record)
-  for name in ("echo", "corpus"):
+  for name in ("echo", "echo_long", "corpus"):
     shutil.rmtree(staging / f"ckpt_{name}", ignore_errors=True)
   if base_dir.exists():  # a concurrent build finished first: keep it, drop ours
     shutil.rmtree(staging, ignore_errors=True)

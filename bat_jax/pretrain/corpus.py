@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 
 from bat_jax import workflow
 
-GENERATOR_VERSION = "corpus-v5"
+GENERATOR_VERSION = "corpus-v6"
 KINDS: tuple[str, ...] = ("repeat", "fill", "react")
 
 SYSTEM_PROMPTS = (

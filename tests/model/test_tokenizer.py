@@ -31,6 +31,20 @@ def test_trained_tokenizer_loads_with_auto_tokenizer_and_round_trips(tokenizer_d
   assert rendered.endswith(f"{tk.IM_START}assistant\n{tk.THINK_OPEN}\n")
 
 
+def test_reserved_tokens_are_special_and_leave_other_vocabularies_alone(tokenizer_dir, tmp_path):
+  from bat_jax.model import tokenizer_corpus
+  docs = tokenizer_corpus.tiny_corpus()
+  plain = tk.train_tokenizer(docs, 1024, tmp_path / "plain")
+  assert (plain / "tokenizer.json").read_text() == (tokenizer_dir / "tokenizer.json").read_text()
+  tok = tk.load_tokenizer(tk.train_tokenizer(docs, 1024, tmp_path / "r",
+                                             reserved=tk.PRETRAIN_TOKENS))
+  assert len(tok) == 1024   # counted in vocab_size
+  ids = [tok.convert_tokens_to_ids(t) for t in tk.PRETRAIN_TOKENS]
+  assert set(ids) <= set(tok.all_special_ids)
+  text = f"a{tk.ECHO_LIST}b{tk.ECHO_COPY}c"
+  assert tok.decode(tok.encode(text, add_special_tokens=False), skip_special_tokens=True) == "abc"
+
+
 def test_train_tokenizer_rejects_too_small_vocab(tmp_path):
   with pytest.raises(ValueError, match="vocab_size=200"):
     tk.train_tokenizer(["abc"], 200, tmp_path)

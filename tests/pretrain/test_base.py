@@ -37,7 +37,8 @@ class _Checker:
 
 
 def _pcfg(tmp_path, **kw):
-  fields = dict(echo_steps=2, echo_batch_size=3, echo_seq_len=48, steps=3, batch_size=2,
+  fields = dict(echo_steps=2, echo_batch_size=3, echo_seq_len=48, echo_long_steps=2,
+                echo_long_batch_size=2, echo_long_seq_len=48, steps=3, batch_size=2,
                 seq_len=64, lr=1e-3, warmup_steps=1, seed=5, probes=4, checkpoint_every=1,
                 cache_dir=str(tmp_path / "cache"))
   return base.PretrainConfig(**{**fields, **kw})
@@ -58,14 +59,21 @@ def _targets(tokenizer, rows):
   return tokenizer.decode([t for ids, mask in rows for t, m in zip(ids, mask) if m])
 
 
+def checker_texts(data):
+  """The documents' texts (what a tokenizer run over the world's text would see)."""
+  from bat_jax.pretrain import corpus
+  return ["".join(corpus.plain_text(corpus.document(5, i))) for i in range(data.documents)]
+
+
 def test_packed_rows_carry_loss_only_on_calls_and_echo_copies(tokenizer_dir, tmp_path):
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
-  pcfg = _pcfg(tmp_path, echo_steps=3, steps=4, seq_len=96)
+  pcfg = _pcfg(tmp_path, echo_steps=3, echo_long_steps=2, steps=4, seq_len=96)
   data = base.build_corpus(tokenizer, pcfg, 0, _Checker())
   assert len(data.rows) == 4 * 2 and len(data.echo_rows) == 3 * 3   # steps x each phase's rows
-  assert data.documents > 0 and data.echoes > 0
+  assert len(data.echo_long_rows) == 2 * 2
+  assert data.documents > 0 and data.echoes > 0 and data.long_echoes > 0
   assert data.document_redraws == data.echo_redraws == {}
-  for rows, width in ((data.rows, 96), (data.echo_rows, 48)):
+  for rows, width in ((data.rows, 96), (data.echo_rows, 48), (data.echo_long_rows, 48)):
     assert all(len(ids) == len(mask) == width and mask[0] == 0 for ids, mask in rows)
     assert 0.1 < np.mean([m for _, ms in rows for m in ms]) < 0.9
   runs = [tokenizer.decode([t for t, _ in group])    # each run of loss tokens: a call or a copy
@@ -75,23 +83,24 @@ def test_packed_rows_carry_loss_only_on_calls_and_echo_copies(tokenizer_dir, tmp
   assert not any("Facts:" in r or "Usage:" in r for r in runs)
   echoed = _targets(tokenizer, data.echo_rows)
   assert "python tools/" not in echoed
-  (head,), (mid,), (end,) = base._separators(tokenizer)  # pylint: disable=protected-access
-  lists = {"echo": [], "corpus": []}
-  for phase, rows in (("echo", data.echo_rows), ("corpus", data.rows)):
-    for ids, mask in rows:  # `head x1..xk mid x1..xk end <eot>`, loss on `x1..xk end`
+  head, mid = base._separators(tokenizer)  # pylint: disable=protected-access
+  assert {head, mid} <= set(tokenizer.all_special_ids)   # reserved: no text holds them
+  assert not any({head, mid} & set(tokenizer(t)["input_ids"]) for t in checker_texts(data))
+  lists = {"echo": [], "echo_long": [], "corpus": []}
+  for phase, rows in (("echo", data.echo_rows), ("echo_long", data.echo_long_rows),
+                      ("corpus", data.rows)):
+    for ids, mask in rows:  # `head x1..xk mid x1..xk <eot>`, loss on `x1..xk`
       ids, mask = np.array(ids), np.array(mask)
       for start in np.flatnonzero(ids == head):
-        if start > 0 and ids[start - 1] != 0:
-          continue  # a `:` inside a document; an echo's head opens a row or follows <eot>
         sep = start + 1 + np.flatnonzero(ids[start + 1:] == mid)[0]
         k = sep - start - 1
         assert np.array_equal(ids[start + 1:sep], ids[sep + 1:sep + 1 + k])
-        assert ids[sep + 1 + k] == end and mask[sep + 1:sep + 2 + k].all()
-        assert not mask[start:sep + 1].any()
+        assert ids[sep + 1 + k] == 0 and mask[sep + 1:sep + 1 + k].all()
+        assert not mask[start:sep + 1].any() and not mask[sep + 1 + k]
         lists[phase].append(k)
-  # Short lists in the echo-only phase, long ones among the corpus (base.ECHO_LENGTHS).
-  assert lists["echo"] and all(4 <= k < 14 for k in lists["echo"])
-  assert lists["corpus"] and all(12 <= k < 40 for k in lists["corpus"])
+  # A short -> long curriculum of lists (base.ECHO_LENGTHS).
+  for phase, (lo, hi) in base.ECHO_LENGTHS.items():
+    assert lists[phase] and all(lo <= k < hi for k in lists[phase]), phase
   again = base.build_corpus(tokenizer, pcfg, 0, _Checker())
   assert (again.rows, again.echo_rows) == (data.rows, data.echo_rows)   # deterministic
 
@@ -100,7 +109,7 @@ def test_an_echo_the_leak_check_refuses_is_redrawn_and_rechecked_on_reuse(tokeni
                                                                          tmp_path):
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
   eot = tokenizer.convert_tokens_to_ids(tokenizer_lib.ENDOFTEXT)
-  first = base.ECHO_PHASE_START
+  first = base.ECHO_PHASE_START["echo"]
   refused = base._echo_text(tokenizer, 5, first, eot, 0)  # pylint: disable=protected-access
   pcfg = _pcfg(tmp_path, seq_len=128)  # any echo fits a row
   _, record = _ensure(pcfg, tokenizer_dir, _Checker(bad_texts=[refused]))
@@ -163,6 +172,7 @@ def test_killed_build_resumes_bit_identical(tokenizer_dir, tmp_path, monkeypatch
     _ensure(_pcfg(tmp_path / "b"), tokenizer_dir)
   assert list((tmp_path / "b" / "cache").glob("*.build/ckpt_corpus"))
   assert list((tmp_path / "b" / "cache").glob("*.build/ckpt_echo"))
+  assert list((tmp_path / "b" / "cache").glob("*.build/ckpt_echo_long"))
   monkeypatch.setattr(base, "probe_copy", real_probe)
   resumed_dir, record = _ensure(_pcfg(tmp_path / "b"), tokenizer_dir)
   read = lambda d: json.loads((d / "model.safetensors.index.json").read_text()) \
@@ -178,5 +188,15 @@ def test_killed_build_resumes_bit_identical(tokenizer_dir, tmp_path, monkeypatch
 
 def test_an_echo_row_shorter_than_the_longest_echo_is_refused_by_name(tokenizer_dir, tmp_path):
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
-  with pytest.raises(ValueError, match="pretrain.echo_seq_len=20 is shorter"):
-    base.build_corpus(tokenizer, _pcfg(tmp_path, echo_seq_len=20), 0, _Checker())
+  with pytest.raises(ValueError, match="pretrain.echo_seq_len=12 is shorter"):
+    base.build_corpus(tokenizer, _pcfg(tmp_path, echo_seq_len=12), 0, _Checker())
+  with pytest.raises(ValueError, match="pretrain.echo_long_seq_len=24 is shorter"):
+    base.build_corpus(tokenizer, _pcfg(tmp_path, echo_long_seq_len=24), 0, _Checker())
+
+
+def test_a_tokenizer_without_the_reserved_separators_is_refused_by_name(tmp_path):
+  from bat_jax.model import tokenizer_corpus
+  plain = tokenizer_lib.load_tokenizer(tokenizer_lib.train_tokenizer(
+      tokenizer_corpus.tiny_corpus(num_docs=40), 400, tmp_path / "tok"))
+  with pytest.raises(ValueError, match="lacks the tiny base's reserved echo separators"):
+    base.build_corpus(plain, _pcfg(tmp_path), 0, _Checker())
