@@ -69,12 +69,14 @@ def _jax_step(hf_dict: dict, args, out_dir: str):
   model = build_model(ModelConfig.from_hf_dict(hf_dict), rngs=nnx.Rngs(0))
   save_pretrained(model, out_dir)  # the torch side loads these exact weights
   graphdef, params, rest = train.split_model(model)
-  optimizer = train.make_optimizer(train.OptimizerConfig(learning_rate=LR, max_grad_norm=1.0))
+  optimizer_cfg = train.OptimizerConfig(learning_rate=LR, max_grad_norm=1.0)
+  optimizer = train.make_optimizer(optimizer_cfg)
   loss_cfg = grpo.GrpoConfig(clip_low=CLIP, clip_high=CLIP, kl_coef=KL_COEF,
                              temperature=TEMPERATURE, logprob_chunk_size=args.chunk,
                              logprob_save_probs=args.save_probs)
-  step_fn = train.build_step_fn(graphdef, grpo.grpo_loss_fn(loss_cfg), optimizer,
-                               train.StepConfig(num_micro_batches=args.micro))
+  step_fn = train.build_step_fn(graphdef, grpo.grpo_loss_fn(loss_cfg), optimizer,  # as Trainer
+                               train.StepConfig(num_micro_batches=args.micro),
+                               optimizer_cfg=optimizer_cfg)
   batch = jax.device_put(grpo_batch(args.batch, args.seq, hf_dict["vocab_size"]))
   frozen = {"rest": rest, "ref_params": None}
   state = train.init_train_state(params, optimizer, seed=0)
