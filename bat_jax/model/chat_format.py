@@ -126,12 +126,10 @@ class ChatFormat:
       raise ValueError(f"action field 'arguments' must be a mapping, got {args!r}")
     if not isinstance(thought, str):
       raise ValueError(f"action field 'thought' must be a string, got {thought!r}")
-    fields = {"thought": thought, **{f"arguments.{k}": v for k, v in args.items()}}
-    for field, value in fields.items():
-      for token in CONTROL_TOKENS + ((CALL_OPEN, THINK_CLOSE) if field == "thought" else ()):
-        if isinstance(value, str) and token in value:
-          raise ValueError(f"action field {field!r} contains {token!r}, which would break the "
-                           "turn structure")
+    broken = tool_parser.structure_breaker(thought, args)
+    if broken:
+      raise ValueError(f"action field {broken[0]!r} contains {broken[1]!r}, which would break "
+                       "the turn structure")
     return thought.strip(), name, args
 
   def _call_text(self, name: str, args: Mapping[str, Any]) -> str:

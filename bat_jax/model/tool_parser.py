@@ -19,8 +19,8 @@ import json
 import re
 from typing import Any, Iterator, Mapping, Sequence
 
-from bat_jax.model.tokenizer import (CALL_CLOSE, CALL_OPEN, ENDOFTEXT, IM_END, THINK_CLOSE,
-                                     THINK_OPEN)
+from bat_jax.model.tokenizer import (CALL_CLOSE, CALL_OPEN, CONTROL_TOKENS, ENDOFTEXT, IM_END,
+                                     THINK_CLOSE, THINK_OPEN)
 
 MAX_TURN_CHARS = 65536
 _MAX_PARSE_STEPS = 20000  # closing-tag candidates tried; bounds adversarial backtracking
@@ -141,6 +141,19 @@ def _json_calls(text: str, pos: int, fail: _Failure) -> Iterator[tuple[Any, int]
             f"{_snippet(text, _WS.match(text, end).end())}")
 
 
+def structure_breaker(thought: Any, args: Mapping[str, Any]) -> tuple[str, str] | None:
+  """(field, token) of the first action value a rendered turn could not hold, or None.
+
+  The renderer refuses these (`ChatFormat`); the parser turns them into a ParseError, so a parsed
+  action always renders back into the next prompt."""
+  fields = {"thought": thought, **{f"arguments.{k}": v for k, v in args.items()}}
+  for field, value in fields.items():
+    for token in CONTROL_TOKENS + ((CALL_OPEN, THINK_CLOSE) if field == "thought" else ()):
+      if isinstance(value, str) and token in value:
+        return field, token
+  return None
+
+
 class ToolParser:
   """Parses assistant turns of one model family into model-neutral actions.
 
@@ -214,6 +227,12 @@ class ToolParser:
         return ParsedTurn(thought=thought, error=ParseError(error))
       actions.append(action)
     actions[0]["thought"] = thought
+    for action in actions:
+      broken = structure_breaker(action.get("thought", ""), action["arguments"])
+      if broken:  # e.g. a `<tool_call>` inside the reasoning: the next prompt could not hold it
+        return ParsedTurn(thought=thought, error=ParseError(
+            f"the turn's {broken[0]} contains {broken[1]!r}, which would break the turn "
+            "structure"))
     return ParsedTurn(actions=tuple(actions), thought=thought)
 
   def _structural_parses(self, text: str, pos: int, calls: list, fail: _Failure) -> Iterator[list]:

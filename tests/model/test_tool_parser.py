@@ -138,3 +138,19 @@ def test_non_string_parameters_round_trip_and_are_type_checked(tokenizer, family
   bad = fmt.render_action({**action, "arguments": {"location": "Paris", "verbose": "maybe"}})
   message = fmt.parse_actions(bad).error.message
   assert "parameter 'verbose' of get_weather: expected boolean" in message
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+@pytest.mark.parametrize("token", [tk.CALL_OPEN, tk.IM_START])
+def test_reasoning_that_could_not_render_back_is_a_parse_error(tokenizer, family, token):
+  # Seen in a tiny run: a `<tool_call>` inside the reasoning parsed into an action that the next
+  # prompt's renderer refused, crashing the held-out cell. It must be a malformed turn instead.
+  fmt = chat_cases.make_format(tokenizer, family, True)
+  action = {"name": "execute_code", "thought": "look first",
+            "arguments": {"language": "bash", "code": "ls"}}
+  text = fmt.render_action(action).replace("look first", f"look {token} first", 1)
+  parsed = fmt.parse_actions(text)
+  assert not parsed.ok and parsed.actions == ()
+  assert f"contains {token!r}" in parsed.error.message
+  fmt.render_messages([{"role": "user", "content": "go"},   # what the episode appends instead
+                       {"role": "assistant", "content": "x"}], (), add_generation_prompt=True)
