@@ -207,6 +207,14 @@ def sft_config() -> ml_collections.ConfigDict:
   # Further tasks per grid state giving only each focus's first-action row (nothing executed;
   # bat_jax.stagebank.sft_rows.SftSpec): task diversity for small from-scratch policies.
   s.first_action_tasks = 0
+  # Further tasks per (track, outcome) giving their whole E2E episode's rows (every action after
+  # the real history; bat_jax.stagebank.sft_rows.SftSpec): the mid-episode contexts that
+  # stage-local rows never show.
+  s.e2e_tasks = 0
+  # Each executed focus also gives the row after its last call, whose target is a final turn
+  # with no tool call (bat_jax.stagebank.sft_rows.STOP_TEXT): the policy learns to end an
+  # episode instead of calling on to the turn limit.
+  s.stop_rows = False
   s.remat = "full"
   s.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3})
   # > 0 adds a next-token loss on the context (prompt, earlier turns, observations) at this

@@ -5,8 +5,9 @@ r"""The CPU default: a tiny Qwen3.5-architecture model from scratch and a locall
   python launch.py --config=configs/tiny.py:base --workdir=/tmp/bat_base     # tiny base first
 
 Everything stays on one host, on CPU: the in-process JAX rollout engine, a spawned Stage Bank and
-the built-in evaluator. Sizes aim at 15 minutes on 2 otherwise idle CPU cores: 13 min 53 s timed
-alone (seed 0, experiments/README.md); `smoke` shrinks every phase to a few steps (a 2-layer,
+the built-in evaluator. Sizes aim at 15 minutes on 2 otherwise idle CPU cores (13 min 53 s
+timed alone before the 2026-12-04 world changes; `:base` 25 min 47 s with its base built in
+the run, experiments/README.md); `smoke` shrinks every phase to a few steps (a 2-layer,
 32-wide model; 4 min on a loaded box), and the end-to-end test runs it with `base` (`smoke,base`:
 a 4-step tiny-base pretraining first). The recipe's *structure* (4/2/2
 pool mix, gate thresholds, argmin curriculum, GRPO loss settings) is the reference's; only the
@@ -83,6 +84,7 @@ SMOKE_OVERRIDES = {
     "sft.global_batch_size": 2,
     "sft.num_examples": 8,
     "sft.first_action_tasks": 1,
+    "sft.e2e_tasks": 0,
     "sft.max_seq_len": 1024,
     "sft.max_validation_examples": 1,
     "sft.checkpoint.every": 1,
@@ -125,10 +127,18 @@ def _sft(c: ml_collections.ConfigDict) -> None:
   c.sft.steps = SFT_STEPS
   c.sft.global_batch_size = 8
   c.sft.micro_batches = 1
-  c.sft.max_seq_len = 640
-  # Rows are 411-607 tokens, 65% <= 448 and 93% <= 512: batches drawn per length bucket are
-  # padded to ~480 tokens on average instead of 640 (two more step compiles, ~35 CPU s each).
-  c.sft.bucket_lengths = (448, 512)
+  # Whole E2E episodes (`e2e_tasks`): a held-out episode's later turns see the calls and
+  # observations of the earlier stages, a context no stage-local row has; without them the
+  # policy loses its way after setup (experiments/README.md). The longest (recovery, 7 calls)
+  # is ~1,100 tokens at its last call.
+  c.sft.e2e_tasks = 6
+  # A final turn after each focus's last call: episodes and rollouts end where the work does
+  # (without it every held-out cell and rollout ran to its call limit).
+  c.sft.stop_rows = True
+  c.sft.max_seq_len = 1152
+  # Stage-local rows are 385-621 tokens, E2E rows up to ~1,100: batches drawn per length bucket
+  # are padded to their bucket instead of 1,152 (one more step compile each).
+  c.sft.bucket_lengths = (448, 512, 768)
   c.sft.lr = 3e-3                  # a from-scratch model, not a fine-tune
   c.sft.warmup_steps = 20
   c.sft.schedule = "cosine"
@@ -188,14 +198,18 @@ BASE_LAYER_TYPES = ("full_attention", "full_attention", "full_attention", "linea
 def _tiny_base(c: ml_collections.ConfigDict) -> None:
   """`base`: random init, then the tiny base's pretraining on the generated corpus
   (bat_jax.pretrain, cached by its config hash), the analogue of a pretrained checkpoint.
-  Opt-in for now: its probe copy accuracy is 0.406 exact (0.812 of values) after 100 + 150
-  echo + 900 corpus steps, a ~15 min build (cached); on it the main job's held-out S2 / S3 are
-  0.714 / 0.071 after SFT, not 0 (experiments/README.md, "The tiny base")."""
+  Opt-in for now: its probe copy accuracy is 0.41-0.52 exact (0.81-0.86 of values) after
+  100 + 150 echo + 900 corpus steps, an ~8 min build on an idle box (cached); on it the held-out
+  scores after SFT are S1-S5 1.000 / 0.905 / 0.639 / 0.381 / 0.095 and GRPO moves them
+  (experiments/README.md, "The main job on the redesigned world")."""
   c.model.source = "tiny_base"
   c.model.hf_config.layer_types = BASE_LAYER_TYPES
   # Every head dim rotary (32, 16 frequencies; the real Qwen3.5's 0.25 of 256 is 64): on pure
   # echoes this order crossed the copying plateau at step ~250 with 32 (experiments/README.md).
   c.model.hf_config.rope_parameters.partial_rotary_factor = 1.0
+  # A fine-tune of a base that copies, not a from-scratch fit: at 3e-3 SFT overwrites more of
+  # the base's copying (held-out S2 / S3 0.714 / 0.071 after SFT, 0.762 / 0.198 at 1e-3).
+  c.sft.lr = 1e-3
 
 
 def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
@@ -213,7 +227,7 @@ def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
   _sft(c)
   _grpo(c, arg.rounds)
   _rollout(c)
-  c.evaluator.cells_per_track = 3  # 21 held-out cells: one per outcome bucket per track
+  c.evaluator.cells_per_track = 6  # 42 held-out cells: two per outcome bucket per track
   # Cells at once = the engine's slots: a decode step costs the same CPU for 8 or 16 live slots
   # (measured: 2.8 vs 2.7-3.0 CPU s for 500-token prompts + 64 new tokens), so 8 wasted half.
   c.evaluator.workers = 16

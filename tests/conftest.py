@@ -17,6 +17,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # suite's compiles short (subprocesses inherit it); test_attention.py passes 1, 3 and 8 itself.
 os.environ.setdefault("BAT_JAX_CAUSAL_QUERY_BLOCKS", "2")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# One persistent XLA cache for the whole run, shared by both xdist workers and every subprocess
+# they start (the env is inherited): hundreds of tests build the same tiny models and steps, and
+# a program compiled once is then read back (keyed by its HLO and flags, so nothing is skipped).
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(tempfile.gettempdir(), f"bat_jax_test_xla_{_RUN}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
 # The tiny base's cache (configs/base.py `pretrain.cache_dir`): one per test session, never the
 # user's ~/.cache; a smoke base built by one test is reused by the next.
 os.environ["BAT_JAX_CACHE"] = tempfile.mkdtemp(prefix="bat_jax_cache_")

@@ -154,7 +154,8 @@ def prepare_sft_rows(cfg: RunConfig, out_dir: Path, markers_path: Path) -> Path:
   states, per_state = sft_states(cfg.sft.num_examples)
   spec = sft_rows.SftSpec(seed=cfg.stagebank.seed, tasks_per_state=per_state, states=states,
                           action_space=cfg.workflow.action_space,
-                          first_action_tasks=cfg.sft.first_action_tasks)
+                          first_action_tasks=cfg.sft.first_action_tasks,
+                          e2e_tasks=cfg.sft.e2e_tasks, stop_rows=cfg.sft.stop_rows)
   checker = leakcheck.LeakChecker(load_matcher(markers_path))
   return sft_rows.build_sft_set(out_dir, spec, checker,
                                 sandbox_limits=cfg.sandbox, workers=cfg.stagebank.workers)
@@ -166,9 +167,11 @@ def sft_examples(cfg: RunConfig, rows_dir: Path,
 
   Rows longer than `sft.max_seq_len` are dropped; the rest are shuffled (seeded), the
   validation share (`sft.validation_fraction`, at most `sft.max_validation_examples`) is split
-  off and the train set is cut to `sft.num_examples` (plus the `sft.first_action_tasks` rows).
+  off and the train set is cut to `sft.num_examples` plus the rows of the `sft.first_action_tasks`
+  and `sft.e2e_tasks` parts.
   """
   rows = sft_rows.load_sft_rows(rows_dir)
+  extra_rows = sum(r["metadata"].get("sft_part", "full") != "full" for r in rows)
   encoded = [chat_format.encode_sft_example(r["messages"], sft_rows.target_action(r)) for r in rows]
   kept, dropped = drop_too_long(encoded, cfg.sft.max_seq_len)
   if dropped:
@@ -180,8 +183,7 @@ def sft_examples(cfg: RunConfig, rows_dir: Path,
   n_val = min(cfg.sft.max_validation_examples,
               math.ceil(cfg.sft.validation_fraction * len(kept)))
   n_val = min(n_val, len(kept) - 1)
-  first_action_rows = cfg.sft.first_action_tasks * len(sft_states(cfg.sft.num_examples)[0])
-  return kept[n_val:][:cfg.sft.num_examples + first_action_rows], kept[:n_val]
+  return kept[n_val:][:cfg.sft.num_examples + extra_rows], kept[:n_val]
 
 
 def example_lengths(examples: Sequence[Example]) -> list[int]:

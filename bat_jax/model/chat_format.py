@@ -116,6 +116,22 @@ class ChatFormat:
     return self.encode(self.render_messages(messages, tools, add_generation_prompt=True,
                                             **template_kwargs))
 
+  def _final_turn(self, action: Mapping[str, Any]) -> tuple[str, str] | None:
+    """`(thought, text)` of a final turn (`{"thought", "final"}`: no tool call, the agent is
+    done), else None."""
+    if not isinstance(action, Mapping) or "final" not in action:
+      return None
+    thought, final = action.get("thought", ""), action["final"]
+    if not isinstance(thought, str) or not isinstance(final, str) or not final.strip():
+      raise ValueError(f"a final action needs string 'thought' and non-empty 'final', got "
+                       f"{action!r:.200}")
+    if "name" in action or "arguments" in action:
+      raise ValueError("a final action carries no tool call ('name' / 'arguments')")
+    broken = tool_parser.structure_breaker(thought + final, {})
+    if broken:
+      raise ValueError(f"final action contains {broken[1]!r}, which would break the turn")
+    return thought.strip(), final.strip()
+
   def _thought_and_call(self, action: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
     if not isinstance(action, Mapping):
       raise ValueError(f"action must be a mapping, got {type(action).__name__}")
@@ -141,9 +157,14 @@ class ChatFormat:
     return f"{CALL_OPEN}\n<function={name}>\n{params}</function>\n{CALL_CLOSE}"
 
   def render_action(self, action: Mapping[str, Any]) -> str:
-    """The text the policy should generate after the generation prompt (without `<|im_end|>`)."""
-    thought, name, args = self._thought_and_call(action)
-    call = self._call_text(name, args)
+    """The text the policy should generate after the generation prompt (without `<|im_end|>`):
+    a tool call, or a final turn (`{"thought", "final"}`) that ends the episode."""
+    final = self._final_turn(action)
+    if final is not None:
+      thought, call = final
+    else:
+      thought, name, args = self._thought_and_call(action)
+      call = self._call_text(name, args)
     if self.enable_thinking and self.family == "qwen3_5":
       return f"{thought}\n{THINK_CLOSE}\n\n{call}"
     if self.enable_thinking:  # qwen3 lets the model open its own think block

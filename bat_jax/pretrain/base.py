@@ -76,12 +76,16 @@ class PretrainConfig:
             if k not in ("cache_dir", "checkpoint_every")}
 
 
-def cache_key(pcfg: PretrainConfig, hf_config: dict[str, Any], tokenizer_dir: Path) -> str:
-  """sha256 (24 hex) of the generator version, the pretrain fields, the model config and the
-  tokenizer's files."""
+def cache_key(pcfg: PretrainConfig, hf_config: dict[str, Any], tokenizer_dir: Path,
+              heldout_key: str = "") -> str:
+  """sha256 (24 hex) of the generator version, the pretrain fields, the model config, the
+  tokenizer's files and `heldout_key` (which held-out cells the corpus was leak-checked
+  against: a document the check refuses is drawn again, so another held-out set can give
+  another corpus)."""
   h = hashlib.sha256()
   h.update(json.dumps({"generator": corpus.GENERATOR_VERSION, "pretrain": pcfg.key_fields(),
-                       "hf_config": hf_config}, sort_keys=True, default=str).encode())
+                       "hf_config": hf_config, "heldout": heldout_key},
+                      sort_keys=True, default=str).encode())
   for name in sorted(tokenizer_lib.TOKENIZER_FILES):
     path = Path(tokenizer_dir) / name
     if name != "tokenizer_config.json":  # carries the chat-format record, not the vocabulary
@@ -405,13 +409,15 @@ def _train(model: nnx.Module, build: Any, pcfg: PretrainConfig, data: Corpus, st
 
 
 def ensure_base(build: Any, pcfg: PretrainConfig, hf_config: dict[str, Any], tokenizer_dir: Path,
-                checker: Any, *, mesh: jax.sharding.Mesh, rules: Any) -> tuple[Path, dict]:
+                checker: Any, *, mesh: jax.sharding.Mesh, rules: Any,
+                heldout_key: str = "") -> tuple[Path, dict]:
   """The base's HF folder and its record, built (resumably) unless the cache holds it.
 
-  `build` is `() -> model` (the seeded from-scratch init); `checker` the run's `LeakChecker`.
+  `build` is `() -> model` (the seeded from-scratch init); `checker` the run's `LeakChecker`,
+  built from the held-out cells that `heldout_key` names (`cache_key`).
   """
   from bat_jax.checkpointing import export_hf      # heavy imports: only when building
-  key = cache_key(pcfg, hf_config, tokenizer_dir)
+  key = cache_key(pcfg, hf_config, tokenizer_dir, heldout_key)
   base_dir = cache_root(pcfg) / key
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
   eot_id = tokenizer.convert_tokens_to_ids(tokenizer_lib.ENDOFTEXT)

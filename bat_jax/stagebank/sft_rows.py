@@ -50,9 +50,18 @@ def neutral_action(action: Mapping[str, Any]) -> dict[str, Any]:
           "thought": str(action.get("thought", ""))}
 
 
+# The target of a focus's last row: no tool call, the agent is done (a rollout or held-out
+# episode ends on it, `agent_stop`, instead of running to its call limit).
+STOP_THOUGHT = "Every call this work needs has run; nothing is left to do."
+STOP_TEXT = "Done."
+
+
 def target_action(row: Mapping[str, Any]) -> dict[str, Any]:
-  """The row's target as the `{name, arguments, thought}` action the chat formats take."""
+  """The row's target as the action the chat formats take: `{name, arguments, thought}`, or
+  `{thought, final}` for a final turn (no tool call)."""
   target = row["target"]
+  if "action" not in target:
+    return {"thought": target.get("reasoning_summary", ""), "final": target["content"]}
   return {"name": target["action"]["name"], "arguments": dict(target["action"]["arguments"]),
           "thought": target.get("reasoning_summary", "")}
 
@@ -65,8 +74,10 @@ def focus_actions(tasks_module: Any, instance: Any, focus: str) -> list[dict[str
 
 def rows_for_task(user: str, state: grid.GridState, actions: Sequence[Mapping[str, Any]],
                   observations: Sequence[str], *, state_id: str, task_seed: int,
-                  generator: str) -> list[dict[str, Any]]:
-  """One SFT row per action: context = everything before it, target = the action.
+                  generator: str, stop: bool = False) -> list[dict[str, Any]]:
+  """One SFT row per action: context = everything before it, target = the action; with `stop`,
+  one more whose context holds every action and observation and whose target is the final turn
+  (`STOP_THOUGHT`, `STOP_TEXT`; `action_index == actions_in_focus`).
 
   Args:
     user: the row's user message (`train_tasks.brief_for(instance, focus)`).
@@ -82,13 +93,16 @@ def rows_for_task(user: str, state: grid.GridState, actions: Sequence[Mapping[st
   context: list[dict[str, Any]] = [{"role": "system", "content": rl_rows.SYSTEM_PROMPT},
                                    {"role": "user", "content": user}]
   rows = []
-  for k, (action, observation) in enumerate(zip(actions, observations)):
+  targets = [{"role": "assistant", "reasoning_summary": a["thought"],
+              "action": {"type": "tool", "name": a["name"], "arguments": dict(a["arguments"])}}
+             for a in actions]
+  if stop:
+    targets.append({"role": "assistant", "reasoning_summary": STOP_THOUGHT, "content": STOP_TEXT})
+  for k, target in enumerate(targets):
     rows.append({
         "schema_version": rl_rows.ROW_SCHEMA_VERSION,
         "messages": [dict(m) for m in context],
-        "target": {"role": "assistant", "reasoning_summary": action["thought"],
-                   "action": {"type": "tool", "name": action["name"],
-                              "arguments": dict(action["arguments"])}},
+        "target": target,
         "loss_mask": dict(LOSS_MASK),
         "metadata": {
             "state_id": state_id, "stage": state.focus, "track": state.track,
@@ -100,8 +114,9 @@ def rows_for_task(user: str, state: grid.GridState, actions: Sequence[Mapping[st
                                  "boundary_stage": state.focus},
         },
     })
-    context.append({"role": "assistant", "action": dict(action)})
-    context.append({"role": "tool", "name": workflow.TOOL_NAME, "content": observation})
+    if k < len(actions):
+      context.append({"role": "assistant", "action": dict(actions[k])})
+      context.append({"role": "tool", "name": workflow.TOOL_NAME, "content": observations[k]})
   return rows
 
 
@@ -118,17 +133,27 @@ class SftSpec:
       first action. Its context is the system and user messages alone (no observation), so
       nothing is executed for it: many distinct tasks cheaply, so a small policy must learn to
       copy a brief's values rather than memorise a few tasks' values.
+    e2e_tasks: further tasks per (track, outcome) whose whole E2E episode gives rows (every
+      action, each after the real observations of the ones before): the mid-episode contexts
+      (a history of earlier stages' calls) that a held-out episode's later turns see, which
+      stage-local rows never show.
+    stop_rows: each executed focus (the `tasks_per_state` and `e2e_tasks` parts) also gives
+      the row after its last call, whose target is the final turn: the agent ends its episode
+      instead of calling on to its limit.
   """
   seed: int = 0
   tasks_per_state: int = 1
   states: tuple[grid.GridState, ...] = grid.SOURCE_GRID
   action_space: str = "code"
   first_action_tasks: int = 0
+  e2e_tasks: int = 0
+  stop_rows: bool = False
 
   def to_json(self) -> dict[str, Any]:
     return {"seed": self.seed, "tasks_per_state": self.tasks_per_state,
             "states": [s.key for s in self.states], "action_space": self.action_space,
-            "first_action_tasks": self.first_action_tasks}
+            "first_action_tasks": self.first_action_tasks, "e2e_tasks": self.e2e_tasks,
+            "stop_rows": self.stop_rows}
 
 
 def synthesize(spec: SftSpec, *, sandbox_limits: Any = None,
@@ -138,7 +163,8 @@ def synthesize(spec: SftSpec, *, sandbox_limits: Any = None,
   One task is generated per (track, outcome, i) and shared by all of its foci, so the boundary
   snapshots of `materialize_at` (cached in a per-task temporary directory, removed afterwards)
   run each earlier stage once. The `first_action_tasks` after them give one row per focus
-  (its first action; `actions_in_focus` 1) and run nothing. `workers` tasks are synthesised at
+  (its first action; `actions_in_focus` 1) and run nothing; the `e2e_tasks` after those give
+  their E2E focus's rows alone. `workers` tasks are synthesised at
   once on threads (a task's time is mostly sandbox start-up and waits, not Python); the rows
   come out in the same order for any `workers`.
   """
@@ -149,7 +175,7 @@ def synthesize(spec: SftSpec, *, sandbox_limits: Any = None,
     cells.setdefault((state.track, state.outcome), []).append(state)
   jobs = [(track, outcome, sorted(states, key=lambda s: workflow.FOCI.index(s.focus)), i)
           for (track, outcome), states in cells.items()
-          for i in range(spec.tasks_per_state + spec.first_action_tasks)]
+          for i in range(spec.tasks_per_state + spec.first_action_tasks + spec.e2e_tasks)]
   one_task = lambda job: _one_task_rows(spec, limits, *job)
   if workers <= 1:
     for job in jobs:
@@ -168,9 +194,12 @@ def _one_task_rows(spec: SftSpec, limits: Any, track: str, outcome: str,
   instance = train_tasks.generate(track, task_seed, outcome, spec.action_space)
   row = functools.partial(_task_rows, train_tasks, instance, task_seed=task_seed, index=i,
                           seed=spec.seed)
-  if i >= spec.tasks_per_state:  # first actions only: their context has no observation
-    return [r for state in states
-            for r in row(state, focus_actions(train_tasks, instance, state.focus)[:1], [""])]
+  part = sft_part(spec, i)
+  if part == "first_action":  # first actions only: their context has no observation
+    return _tagged(part, [r for state in states for r in row(
+        state, focus_actions(train_tasks, instance, state.focus)[:1], [""], stop=False)])
+  if part == "e2e":
+    states = [s for s in states if s.focus == workflow.E2E]
   out = []
   with tempfile.TemporaryDirectory(prefix="bat-sft-") as tmp:
     for state in states:
@@ -179,16 +208,32 @@ def _one_task_rows(spec: SftSpec, limits: Any, track: str, outcome: str,
       actions = focus_actions(train_tasks, instance, state.focus)
       observations = [sandbox.execute(a["arguments"]["language"],
                                       a["arguments"]["code"]).observation for a in actions]
-      out += row(state, actions, observations)
-  return out
+      out += row(state, actions, observations, stop=spec.stop_rows)
+  return _tagged(part, out)
+
+
+SFT_PARTS = ("full", "first_action", "e2e")
+
+
+def sft_part(spec: SftSpec, i: int) -> str:
+  """Which part of `spec` task `i` of a (track, outcome) cell belongs to (`SFT_PARTS`)."""
+  if i < spec.tasks_per_state:
+    return "full"
+  return "first_action" if i < spec.tasks_per_state + spec.first_action_tasks else "e2e"
+
+
+def _tagged(part: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  for r in rows:
+    r["metadata"]["sft_part"] = part
+  return rows
 
 
 def _task_rows(tasks_module: Any, instance: Any, state: grid.GridState,
                actions: Sequence[Mapping[str, Any]], observations: Sequence[str], *,
-               task_seed: int, index: int, seed: int) -> list[dict[str, Any]]:
+               task_seed: int, index: int, seed: int, stop: bool) -> list[dict[str, Any]]:
   sid = rounds.state_id(-1, rounds.DATA_SOURCE, SFT_POOL, state.key, index, seed)
   return rows_for_task(tasks_module.brief_for(instance, state.focus), state, actions,
-                       observations, state_id=sid, task_seed=task_seed,
+                       observations, state_id=sid, task_seed=task_seed, stop=stop,
                        generator=f"bat_jax.train_tasks/{instance.track}")
 
 

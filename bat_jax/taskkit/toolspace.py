@@ -134,15 +134,24 @@ def _call(command: str, thought: str, **flags: Any) -> dict[str, Any]:
           "thought": thought}
 
 
-# The diagnosis without its long `evidence` line (digests): fault and subject are what matter.
-_SHOW_DIAGNOSIS = {"name": workflow.TOOL_NAME,
-                   "arguments": {"language": "bash",
-                                 "code": f"grep -v evidence {A['diagnosis']}"},
-                   "thought": "Read what validation diagnosed."}
+def validation_report(instance: TaskInstance) -> str:
+  """What validation last printed by the S3/S4 boundary (its stdout line, as the tool prints
+  it): the handoff a stage-local S4 or S5 row states, since which call comes next (infer or
+  record the blocker) follows from it. The full line for an unfixable fault, whose values the
+  calls copy; its opening words for a passed validation."""
+  if instance.outcome != "failure":
+    return "validation ok"
+  hidden = instance.hidden
+  return (f"fault={hidden['fault']} subject={short_id(instance, hidden['fault_subject'])} "
+          "recoverable=no")
 
 
 def tool_actions(instance: TaskInstance, stage: str) -> list[dict[str, Any]]:
-  """The expert's tool calls for one stage (S1..S5) of a stage-tools task."""
+  """The expert's tool calls for one stage (S1..S5) of a stage-tools task.
+
+  Every call follows from what the context shows: the facts line, or the validate line (in an
+  episode its observation; in a stage-local S4 / S5 row the brief's handoff,
+  `validation_report`), never from the outcome the task hides."""
   if instance.action_space != "stage_tools":
     raise ValueError(f"{instance.task_id} is a {instance.action_space!r} task, not stage_tools")
   f, hidden, outcome = facts(instance), instance.hidden, instance.outcome
@@ -161,11 +170,11 @@ def tool_actions(instance: TaskInstance, stage: str) -> list[dict[str, Any]]:
             _call("validate", "Validate again after the fix.", cases=f["validation"])]
   if stage == "S4":
     if outcome == "failure":
-      return [_SHOW_DIAGNOSIS, _call("infer", "Record the blocker.", blocked=fault)]
+      return [_call("infer", "Record the blocker.", blocked=fault)]
     return [_call("infer", "Infer over every case.", data=f["data"])]
   if stage == "S5":
     if outcome == "failure":
-      return [_SHOW_DIAGNOSIS, _call("submit", "Hand off an honest failure report.",
-                                     failed=fault, subject=subject)]
+      return [_call("submit", "Hand off an honest failure report.", failed=fault,
+                    subject=subject)]
     return [_call("submit", "Submit in the native format.", to=f["submission"])]
   raise ValueError(f"unknown stage {stage!r}; expected one of {workflow.STAGES}")

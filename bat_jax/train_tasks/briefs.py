@@ -28,10 +28,22 @@ def make_brief(rng: random.Random, track: str, objective: str) -> str:
           "results.")
 
 
-# Wording varies across training tasks (the training side's own phrasings), so a small policy
-# learns to find the facts and the stage tools in a brief rather than one fixed sentence; the
-# held-out teacher words its briefs differently again.
-_FACTS_LABELS = ("Facts:", "Task facts:", "Key values:", "Workspace facts:", "Given:")
+# Wording varies widely across training tasks (the training side's own phrasings, drawn per task:
+# opening, track sentence, facts label, closing, 0-2 neutral asides, and the order of the middle
+# sentences), so a small policy learns that the wording carries nothing and the first call
+# follows from the empty history: with five labels and four closings it keyed its first call on
+# the training phrasings and, on the held-out teacher's own wording, opened with a later stage's
+# call (experiments/README.md). The held-out teacher words its briefs differently again.
+_MORE_OPENINGS = ("Here is a synthetic imaging task to carry out.",
+                  "A practice study is set up in this workspace.",
+                  "You are asked to run a small imaging pipeline.",
+                  "This is a fictional study with a provided model.",
+                  "Your job is one imaging task, start to finish.",
+                  "A toy imaging project waits in the current directory.")
+_TRACK_SENTENCES = ("Track: {track}.", "Track: {track}.", "Task type: {track}.",
+                    "This is a {track} task.", "Kind of task: {track}.")
+_FACTS_LABELS = ("Facts:", "Task facts:", "Key values:", "Workspace facts:", "Given:", "Ids:",
+                 "Values:", "Task ids:", "Reference ids:", "Known values:")
 _TOOL_CLOSINGS = (
     "Work through plan, setup, validate, infer and submit with the stage tools in tools/ (usage "
     "in task/spec.json); an artifact counts only if a tool call you run writes it.",
@@ -41,16 +53,34 @@ _TOOL_CLOSINGS = (
     "(see task/spec.json); nothing counts unless a call you ran wrote it.",
     "Do every stage, from planning to the hand-off, with the scripts in tools/; artifacts earn "
     "credit only when your calls produce them.",
+    "The tools/ folder has one command per stage; call them in order and let them write the "
+    "artifacts.",
+    "Go from the plan to the submission with the stage commands in tools/ (task/spec.json "
+    "documents them).",
+    "Each stage has its script under tools/; results only count when your own calls make them.",
+    "Use tools/ for every stage; task/spec.json lists what each command takes.",
 )
+_ASIDES = ("The data are fictional.", "Nothing here needs the network.",
+           "Keep every step reproducible.", "Report problems honestly.",
+           "The workspace is a sandbox.", "Stay inside the current directory.",
+           "Only executed calls earn credit.", "Work carefully and in order.",
+           "No human will check in between.", "Time is not critical.",
+           "All paths are relative to the workspace.", "The model is already provided.")
 
 
 def tools_brief(instance: TaskInstance) -> str:
-  """The E2E user message of a stage-tools task: the facts line and the tools, briefly."""
+  """The E2E user message of a stage-tools task: the facts line and the tools, in wording drawn
+  per task (`_FACTS_LABELS` ... `_ASIDES`)."""
   rng = random.Random(instance.task_id)
-  opening, label, closing = (rng.choice(_OPENINGS), rng.choice(_FACTS_LABELS),
-                             rng.choice(_TOOL_CLOSINGS))
-  return (f"{opening} Track: {instance.track}. {instance.spec['objective']} {label} "
-          f"{toolspace.task_facts(instance)}. {closing}")
+  track = rng.choice(_TRACK_SENTENCES).format(track=instance.track)
+  facts = f"{rng.choice(_FACTS_LABELS)} {toolspace.task_facts(instance)}."
+  middle = [track, instance.spec["objective"], facts]
+  if rng.random() < 0.3:
+    middle = [track, facts, instance.spec["objective"]]
+  sentences = [rng.choice(_OPENINGS + _MORE_OPENINGS), *middle, rng.choice(_TOOL_CLOSINGS)]
+  for aside in rng.sample(_ASIDES, rng.choice((0, 0, 1, 2))):
+    sentences.insert(rng.randint(1, len(sentences)), aside)
+  return " ".join(sentences)
 
 
 def _handoff(focus: str) -> str:
@@ -59,18 +89,26 @@ def _handoff(focus: str) -> str:
           if done else "")
 
 
+def _tools_handoff(instance: TaskInstance, focus: str) -> str:
+  """The stage-tools handoff; past validation it also states what validation printed, the
+  observation an episode would have shown, so the row's first call is decidable."""
+  if focus not in ("S4", "S5"):
+    return _handoff(focus)
+  return _handoff(focus) + f"Validation printed: {toolspace.validation_report(instance)}. "
+
+
 def brief_for(instance: TaskInstance, focus: str) -> str:
   """The user message of a row: the E2E brief, or a stage-local brief for S1..S5."""
   if focus == workflow.E2E:
     return instance.brief
   if focus not in workflow.STAGE_GOALS:
     raise ValueError(f"unknown focus {focus!r}; expected one of {workflow.FOCI}")
-  handoff = _handoff(focus)
   if instance.action_space == "stage_tools":
-    return (f"Track: {instance.track}. Facts: {toolspace.task_facts(instance)}. {handoff}Do "
+    return (f"Track: {instance.track}. Facts: {toolspace.task_facts(instance)}. "
+            f"{_tools_handoff(instance, focus)}Do "
             f"stage {focus} ({workflow.STAGE_NAMES[focus]}) only, with its stage tool: "
             f"{workflow.STAGE_TOOLS[focus]}.")
   return (f"Track: {instance.track}. {instance.spec['objective']} Read "
-          f"{workflow.ARTIFACTS['spec']} first. {handoff}Do stage {focus} "
+          f"{workflow.ARTIFACTS['spec']} first. {_handoff(focus)}Do stage {focus} "
           f"({workflow.STAGE_NAMES[focus]}) only: {workflow.STAGE_GOALS[focus]}. Every artifact "
           "counts only if code you run writes it.")

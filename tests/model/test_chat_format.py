@@ -165,3 +165,41 @@ def test_sft_example_rejects_unsupported_history(tokenizer):
   with pytest.raises(ValueError, match=r"messages\[3\]"):
     fmt.encode_sft_example(back_to_back, chat_cases.ACTIONS[2])
 
+
+
+FINAL = {"thought": "Every call has run.", "final": "Done."}
+
+
+# Qwen3 without thinking is left out: its template writes an empty think block before a last
+# assistant message that has no tool call, which the policy never generates (a final turn ends
+# the episode, so it is never rendered back into a prompt).
+@pytest.mark.parametrize("family,thinking", [m for m in chat_cases.FAMILY_MODES
+                                             if m != ("qwen3", False)])
+def test_final_turn_equals_template_turn_and_parses_as_a_stop(tokenizer, family, thinking):
+  """A final action (`{thought, final}`: no tool call) renders as the template writes an
+  assistant message without tool calls, and parses back as a turn with no action (the agent
+  loop's `agent_stop`)."""
+  fmt = chat_cases.make_format(tokenizer, family, thinking)
+  message = {"role": "assistant", "content": FINAL["final"]}
+  if thinking:
+    message["reasoning_content"] = FINAL["thought"]
+  else:
+    message["content"] = f"{FINAL['thought']}\n\n{FINAL['final']}"
+  rendered = fmt.render_messages(chat_cases.context() + [message], add_generation_prompt=False)
+  prompt = fmt.render_messages(chat_cases.context(), add_generation_prompt=True)
+  turn = fmt.render_action(FINAL)
+  assert rendered.startswith(prompt + turn + tk.IM_END)
+  parsed = fmt.parse_actions(turn)
+  assert parsed.ok and parsed.actions == ()
+  ids, mask = fmt.encode_sft_example(chat_cases.context(), FINAL)
+  assert fmt.decode([i for i, m in zip(ids, mask) if m]) == turn + tk.IM_END
+
+
+def test_final_turn_rejects_a_tool_call_or_an_empty_text(tokenizer):
+  fmt = chat_cases.make_format(tokenizer, "qwen3_5", True)
+  with pytest.raises(ValueError, match="no tool call"):
+    fmt.render_action({**FINAL, "name": "execute_code"})
+  with pytest.raises(ValueError, match="non-empty 'final'"):
+    fmt.render_action({"thought": "x", "final": " "})
+  with pytest.raises(ValueError, match="break the turn"):
+    fmt.render_action({"thought": "x", "final": "Done.<tool_call>"})

@@ -77,3 +77,24 @@ def test_rows_render_with_a_chat_format(tmp_path):
   assert mask[-1] == 1 and mask[0] == 0
   target_text = fmt.tokenizer.decode([i for i, m in zip(ids, mask) if m])
   assert "print(json.dumps" in target_text
+
+
+def test_stop_row_follows_the_last_call_and_ends_the_episode(chat):
+  """`stop=True`: one more row whose context holds every call and observation and whose
+  target is the final turn, which a rollout parses as a turn without a call (agent_stop)."""
+  actions = [sft_rows.neutral_action(a) for a in ACTIONS]
+  rows = sft_rows.rows_for_task(USER, STATE, actions, OBSERVATIONS, state_id="sid",
+                                task_seed=5, generator="g", stop=True)
+  assert len(rows) == len(ACTIONS) + 1
+  assert [sft_rows.target_action(r) for r in rows[:-1]] == actions
+  stop = rows[-1]
+  assert [m["role"] for m in stop["messages"]] == ["system", "user"] + ["assistant", "tool"] * 3
+  assert stop["messages"][-1]["content"] == OBSERVATIONS[-1]
+  assert "action" not in stop["target"] and stop["target"]["content"] == sft_rows.STOP_TEXT
+  meta = stop["metadata"]
+  assert meta["action_index"] == meta["actions_in_focus"] == len(ACTIONS)
+  ids, mask = chat.encode_sft_example(stop["messages"], sft_rows.target_action(stop))
+  target = chat.decode([i for i, m in zip(ids, mask) if m])
+  parsed = chat.parse_actions(target.removesuffix("<|im_end|>"))
+  assert parsed.ok and parsed.actions == () and sft_rows.STOP_TEXT in target
+  assert "<tool_call>" not in target

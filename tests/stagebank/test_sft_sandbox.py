@@ -63,3 +63,30 @@ def test_rows_come_out_in_the_same_order_for_any_number_of_workers():
   one = list(sft_rows.synthesize(spec))
   assert len(one) == 4 * len(STATES)
   assert list(sft_rows.synthesize(spec, workers=3)) == one
+
+
+def test_e2e_tasks_add_whole_episodes_only(tmp_path, require_bwrap):
+  """`e2e_tasks` rows: the E2E focus alone of further tasks, every action after the real
+  observations of the ones before; the other foci of the same cell give nothing more."""
+  checker = leakcheck.LeakChecker(markers.MarkerMatcher(markers.empty_export()),
+                                   allow_no_markers=True)
+  states = (grid.GridState("E2E", "detection", "recovery"),
+            grid.GridState("S4", "detection", "recovery"))
+  spec = sft_rows.SftSpec(seed=3, states=states, tasks_per_state=0, first_action_tasks=1,
+                          e2e_tasks=2, action_space="stage_tools")
+  rows = sft_rows.load_sft_rows(sft_rows.build_sft_set(tmp_path / "sft", spec, checker,
+                                                       workers=2))
+  parts = [r["metadata"]["sft_part"] for r in rows]
+  assert parts.count("first_action") == 2
+  e2e = [r for r in rows if r["metadata"]["sft_part"] == "e2e"]
+  assert {r["metadata"]["stage"] for r in e2e} == {"E2E"}
+  seeds = sorted({r["metadata"]["workspace_recipe"]["seed"] for r in e2e})
+  assert len(seeds) == 2
+  for seed in seeds:
+    mine = [r for r in e2e if r["metadata"]["workspace_recipe"]["seed"] == seed]
+    instance = train_tasks.generate("detection", seed, "recovery", "stage_tools")
+    expert = sft_rows.focus_actions(train_tasks, instance, "E2E")
+    assert [sft_rows.target_action(r) for r in mine] == expert and len(expert) == 7
+    last = [m for m in mine[-1]["messages"] if m["role"] == "tool"]
+    assert len(last) == 6 and all(m["content"].startswith("exit_code=0") for m in last)
+  assert spec.to_json()["e2e_tasks"] == 2

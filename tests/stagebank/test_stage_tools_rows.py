@@ -10,7 +10,7 @@ from bat_jax.evaluator.evaluate import EvalSettings
 from bat_jax.evaluator.markers_export import export_cells
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.stagebank import build, leakcheck, rounds, task_source
-from bat_jax.taskkit import expert_actions, materialize_at
+from bat_jax.taskkit import expert_actions, materialize_at, toolspace
 
 SPEC = rounds.RoundSpec(0, rounds.RoundWeights.for_target("S3"), seed=2, n_batches=3)
 
@@ -32,6 +32,12 @@ def test_round_passes_the_leak_check_and_rebuilds(checker):
       assert instance.action_space == "stage_tools"
       blob = json.dumps(row)
       hidden = instance.hidden
+      # Past validation the fault is a handoff artifact (validation printed it and wrote the
+      # diagnosis), so an S4 / S5 row's brief states it, in that sentence only.
+      if recipe["boundary_stage"] in ("S4", "S5") and instance.outcome == "failure":
+        handoff = f"Validation printed: {toolspace.validation_report(instance)}."
+        assert handoff in blob and hidden["fault"] in handoff
+        blob = blob.replace(handoff, "")
       for secret in ([hidden["fault"]] if hidden["fault"] else []) + [
           json.dumps(v) for v in hidden["expected"].values() if isinstance(v, str)]:
         assert secret not in blob, (secret, recipe)

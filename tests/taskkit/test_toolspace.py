@@ -162,3 +162,40 @@ def test_receipts_still_need_executed_writes(require_bwrap, tmp_path):
   assert _score(inst, "S5", sb).reward < 1.0
   assert json.loads((Path(sb.workspace) / workflow.ARTIFACTS["spec"]).read_text())[
       "stage_tools"]["S5"] == workflow.STAGE_TOOLS["S5"]
+
+
+@pytest.mark.parametrize("outcome", workflow.OUTCOMES)
+def test_handoff_states_what_validation_printed_and_decides_the_next_call(
+    require_bwrap, tmp_path, outcome):
+  """A stage-local S4 / S5 row's first call follows from its context: the brief's handoff is
+  the line validation really printed by that boundary, and the expert's call copies from it
+  (an unfixable fault: `--blocked FAULT`, `--failed FAULT --subject SUBJECT`); the outcome the
+  task hides is never needed."""
+  inst = train_tasks.generate("segmentation", 11, outcome, "stage_tools")
+  sb = materialize_at(inst, "S3", tmp_path / "s3", LIMITS)
+  printed = [_run(sb, a["arguments"]["code"]).observation for a in expert_actions(inst, "S3")]
+  last_line = printed[-1].split("stdout:", 1)[1].splitlines()[0]
+  report = toolspace.validation_report(inst)
+  assert last_line.startswith(report)
+  assert (report == last_line) == (outcome == "failure")
+  for stage in ("S4", "S5"):
+    brief = train_tasks.brief_for(inst, stage)
+    assert f"Validation printed: {report}." in brief
+    (call,) = [a["arguments"]["code"] for a in expert_actions(inst, stage)]
+    if outcome == "failure":
+      fault = re.search(r"fault=(\S+) subject=(\S+)", brief)
+      assert f"--{'blocked' if stage == 'S4' else 'failed'} {fault.group(1)}" in call
+      assert stage == "S4" or call.endswith(f"--subject {fault.group(2)}")
+    else:
+      assert "--blocked" not in call and "--failed" not in call
+  for stage in ("S1", "S2", "S3"):
+    assert "Validation printed" not in train_tasks.brief_for(inst, stage)
+
+
+def test_e2e_briefs_vary_in_every_part_but_keep_the_facts():
+  briefs = [train_tasks.generate("detection", s, "success", "stage_tools") for s in range(60)]
+  openings = {b.brief.split(". ")[0] for b in briefs}
+  labels = {re.search(r"(\S+:) card: ", b.brief).group(1) for b in briefs}
+  assert len(openings) >= 8 and len(labels) >= 6
+  assert all(toolspace.task_facts(b) in b.brief for b in briefs)
+  assert len({b.brief.replace(toolspace.task_facts(b), "") for b in briefs}) >= 50
