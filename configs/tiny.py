@@ -8,7 +8,7 @@ Everything stays on one host, on CPU: the in-process JAX rollout engine, a spawn
 the built-in evaluator. Sizes aim at 15 minutes on 2 otherwise idle CPU cores (13 min 53 s
 timed alone before the 2026-12-04 world changes; `:base` 25 min 47 s with its base built in
 the run, experiments/README.md); `smoke` shrinks every phase to a few steps (a 2-layer,
-32-wide model; 4 min on a loaded box), and the end-to-end test runs it with `base` (`smoke,base`:
+64-wide model, 120 SFT steps so its calls are well formed and GRPO applies updates), and the end-to-end test runs it with `base` (`smoke,base`:
 a 4-step tiny-base pretraining first). The recipe's *structure* (4/2/2
 pool mix, gate thresholds, argmin curriculum, GRPO loss settings) is the reference's; only the
 scale shrinks. What makes the world learnable at this scale (experiments/README.md, "Levers"):
@@ -66,8 +66,8 @@ SFT_STEPS = 160
 SMOKE_OVERRIDES = {
     "tokenizer.train.vocab_size": 2048,     # the model's vocab follows (a FieldReference)
     "tokenizer.train.corpus_tasks": 7,
-    "model.hf_config.hidden_size": 32,
-    "model.hf_config.intermediate_size": 64,
+    "model.hf_config.hidden_size": 64,
+    "model.hf_config.intermediate_size": 128,
     "model.hf_config.num_hidden_layers": 2,
     "model.hf_config.layer_types": ("linear_attention", "full_attention"),
     "pretrain.echo_steps": 2,
@@ -80,7 +80,13 @@ SMOKE_OVERRIDES = {
     "pretrain.batch_size": 4,
     "pretrain.seq_len": 128,
     "pretrain.probes": 8,
-    "sft.steps": 2,
+    # Enough SFT for well-formed calls (loss ~0.1 at 120 steps of a 64-wide model at a held
+    # 1e-2), so a group's samples can differ and GRPO applies an update: at 2 steps (or 40 of
+    # a 32-wide model) every turn was malformed and every group tied at reward 0.
+    "sft.steps": 120,
+    "sft.lr": 1e-2,
+    "sft.warmup_steps": 0,
+    "sft.schedule": "constant",
     "sft.global_batch_size": 2,
     "sft.num_examples": 8,
     "sft.first_action_tasks": 1,
@@ -93,10 +99,10 @@ SMOKE_OVERRIDES = {
     "grpo.prompt_groups": 2,
     "grpo.group_size": 2,
     "grpo.checkpoint.every": 1,
-    "rollout.limits.max_turn_tokens": 8,
+    "rollout.limits.max_turn_tokens": 64,   # a plan call with its thought (~55 tokens)
     "rollout.limits.max_assistant_turns": 2,
     "rollout.limits.max_tool_calls": 1,
-    "rollout.limits.max_response_tokens": 16,
+    "rollout.limits.max_response_tokens": 128,
     "rollout.limits.max_context_tokens": 1024,
     "rollout.max_concurrent_trajectories": 4,
     "rollout.jax.batch_size": 8,

@@ -277,6 +277,10 @@ def build_corpus(tokenizer: Any, pcfg: PretrainConfig, eot_id: int, checker: Any
                 counts["echo"], counts["echo_long"], doc_redraws, echo_redraws)
 
 
+class CorpusLeakError(ValueError):
+  """A base's corpus holds a string of this run's held-out markers (`check_corpus`)."""
+
+
 def check_corpus(checker: Any, tokenizer: Any, pcfg: PretrainConfig, record: Mapping[str, Any],
                  eot_id: int) -> None:
   """Leak-checks what a base with `record` was trained on: its documents and echoes as drawn
@@ -291,7 +295,7 @@ def check_corpus(checker: Any, tokenizer: Any, pcfg: PretrainConfig, record: Map
       return  # skipped: never trained on
     findings = checker.check_row({"text": text(attempt)}, index=index, pool="pretrain")
     if findings:
-      raise ValueError(f"pretraining {what} {index} (seed {pcfg.seed}) fails the leak check: "
+      raise CorpusLeakError(f"pretraining {what} {index} (seed {pcfg.seed}) fails the leak check: "
                        f"{findings[0]}; the base must never see held-out content")
 
   echo = lambda a, i: _echo_text(tokenizer, pcfg.seed, i, eot_id, a)
@@ -414,17 +418,36 @@ def ensure_base(build: Any, pcfg: PretrainConfig, hf_config: dict[str, Any], tok
   """The base's HF folder and its record, built (resumably) unless the cache holds it.
 
   `build` is `() -> model` (the seeded from-scratch init); `checker` the run's `LeakChecker`,
-  built from the held-out cells that `heldout_key` names (`cache_key`).
+  built from the held-out cells that `heldout_key` names. A cached base is re-checked against
+  them; if its corpus holds one of their markers (held-out cells are drawn per run), this run
+  gets a base of its own, built with that document drawn again and cached under a key that
+  also names the cells (`cache_key`): never the refused base, never a crash.
   """
-  from bat_jax.checkpointing import export_hf      # heavy imports: only when building
-  key = cache_key(pcfg, hf_config, tokenizer_dir, heldout_key)
-  base_dir = cache_root(pcfg) / key
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
   eot_id = tokenizer.convert_tokens_to_ids(tokenizer_lib.ENDOFTEXT)
-  record = load_record(base_dir)
-  if record is not None:
-    check_corpus(checker, tokenizer, pcfg, record, eot_id)
-    return base_dir / "model", {**record, "cache_hit": True}
+  for cells in ("", heldout_key):
+    key = cache_key(pcfg, hf_config, tokenizer_dir, cells)
+    base_dir = cache_root(pcfg) / key
+    record = load_record(base_dir)
+    if record is None:
+      break
+    try:
+      check_corpus(checker, tokenizer, pcfg, record, eot_id)
+      return base_dir / "model", {**record, "cache_hit": True}
+    except CorpusLeakError as e:
+      if cells == heldout_key:
+        raise
+      log.warning("cached tiny base %s is refused for this run (%s); building one for this "
+                  "run's held-out cells", key, e)
+  return _build_base(build, pcfg, tokenizer_dir, tokenizer, eot_id, checker, key, base_dir,
+                     mesh=mesh, rules=rules)
+
+
+def _build_base(build: Any, pcfg: PretrainConfig, tokenizer_dir: Path, tokenizer: Any,
+                eot_id: int, checker: Any, key: str, base_dir: Path, *,
+                mesh: jax.sharding.Mesh, rules: Any) -> tuple[Path, dict]:
+  """Builds, probes, exports and caches the base under `base_dir` (see `ensure_base`)."""
+  from bat_jax.checkpointing import export_hf      # heavy imports: only when building
   start = time.monotonic()
   data = build_corpus(tokenizer, pcfg, eot_id, checker)   # leak-checked as drawn
   drawn = data.record()

@@ -54,7 +54,7 @@ def test_overrides_through_absl_flags():
   cfg = parse_flags(f"--config={ROOT / 'configs/tiny.py'}:smoke", "--config.grpo.lr=2e-6",
                     "--config.curriculum.mode=softmin", "--config.rollout.sglang.urls=('u',)")
   assert cfg.grpo.lr == 2e-6 and cfg.curriculum.mode == "softmin"
-  assert cfg.rollout.sglang.urls == ("u",) and cfg.sft.steps == 2      # `smoke` applied
+  assert cfg.rollout.sglang.urls == ("u",) and cfg.sft.steps == 120    # `smoke` applied
   validate_config(cfg)
 
 

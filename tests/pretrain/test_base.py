@@ -200,3 +200,26 @@ def test_a_tokenizer_without_the_reserved_separators_is_refused_by_name(tmp_path
       tokenizer_corpus.tiny_corpus(num_docs=40), 400, tmp_path / "tok"))
   with pytest.raises(ValueError, match="lacks the tiny base's reserved echo separators"):
     base.build_corpus(plain, _pcfg(tmp_path), 0, _Checker())
+
+
+def test_a_run_whose_cells_refuse_the_cached_base_builds_its_own(tokenizer_dir, tmp_path):
+  """Held-out cells are drawn per run, so a cached base can hold a string of another run's
+  markers: that run never trains on it and does not crash; it builds a base of its own (the
+  document drawn again), cached under a key that names its cells, and reuses it after."""
+  pcfg = _pcfg(tmp_path, seq_len=256)
+  mesh = sharding.make_mesh(1, 1, 1, devices=jax.local_devices()[:1])
+  ensure = lambda checker, cells: base.ensure_base(
+      _build, pcfg, HF, tokenizer_dir, checker, mesh=mesh, rules=sharding.DEFAULT_RULES,
+      heldout_key=cells)
+  shared_dir, shared = ensure(_Checker(), "cells-a")
+  assert not shared["cache_hit"] and shared_dir.parent.name == base.cache_key(pcfg, HF,
+                                                                              tokenizer_dir)
+  assert ensure(_Checker(), "cells-b")[1]["cache_hit"]   # no marker hit: any run reuses it
+  own_dir, own = ensure(_Checker(bad_index=3), "cells-c")
+  assert own_dir != shared_dir and not own["cache_hit"]
+  assert own_dir.parent.name == base.cache_key(pcfg, HF, tokenizer_dir, "cells-c")
+  assert own["document_redraws"] == {"3": -1} and shared["document_redraws"] == {}
+  again_dir, again = ensure(_Checker(bad_index=3), "cells-c")
+  assert again_dir == own_dir and again["cache_hit"]
+  with pytest.raises(ValueError, match="pretraining document 4 .*leak check"):
+    ensure(_Checker(bad_index=4), "cells-c")   # its own base refused too: fail closed
