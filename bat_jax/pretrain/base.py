@@ -295,8 +295,8 @@ def check_corpus(checker: Any, tokenizer: Any, pcfg: PretrainConfig, record: Map
       return  # skipped: never trained on
     findings = checker.check_row({"text": text(attempt)}, index=index, pool="pretrain")
     if findings:
-      raise CorpusLeakError(f"pretraining {what} {index} (seed {pcfg.seed}) fails the leak check: "
-                       f"{findings[0]}; the base must never see held-out content")
+      raise CorpusLeakError(f"pretraining {what} {index} (seed {pcfg.seed}) fails the leak "
+                            f"check: {findings[0]}; the base must never see held-out content")
 
   echo = lambda a, i: _echo_text(tokenizer, pcfg.seed, i, eot_id, a)
   for index in range(record["documents"]):

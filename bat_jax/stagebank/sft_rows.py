@@ -212,11 +212,9 @@ def _one_task_rows(spec: SftSpec, limits: Any, track: str, outcome: str,
   return _tagged(part, out)
 
 
-SFT_PARTS = ("full", "first_action", "e2e")
-
-
 def sft_part(spec: SftSpec, i: int) -> str:
-  """Which part of `spec` task `i` of a (track, outcome) cell belongs to (`SFT_PARTS`)."""
+  """Which part of `spec` task `i` of a (track, outcome) cell belongs to: `full` (every focus,
+  executed), `first_action` or `e2e` (the row metadata's `sft_part`)."""
   if i < spec.tasks_per_state:
     return "full"
   return "first_action" if i < spec.tasks_per_state + spec.first_action_tasks else "e2e"
