@@ -50,6 +50,8 @@ ROLLOUT_ENGINES = ("jax", "sglang")
 # Engines whose completions carry the sampler's per-token logprobs (truncated IS needs them).
 ENGINES_WITH_SAMPLER_LOGPROBS = ("jax", "sglang")
 KL_REFERENCES = ("sft", "round_start")
+# Where the ratio's old logprobs come from (bat_jax.bicurl.grpo_round.GrpoRound.prepare).
+OLD_LOGP_SOURCES = ("step", "pass")
 MEMORY_LAYOUTS = ("fraction", "timeshare")  # bat_jax.memory_plan.layout_budget
 STAGEBANK_MODES = ("spawn", "connect")
 EVALUATOR_KINDS = ("builtin", "external")
@@ -239,6 +241,7 @@ def _check_batch_layout(ck: _Checker) -> None:
 def _check_grpo_loss(ck: _Checker) -> None:
   """The loss's own checks, plus the settings the loss needs from the rest of the run."""
   ck.one_of("grpo.kl_reference", KL_REFERENCES)
+  ck.one_of("grpo.old_logp", OLD_LOGP_SOURCES)
   if ck.get("grpo.loss_norm_length") is not None:
     ck.positive("grpo.loss_norm_length")
   try:  # modes from the loss's registries, clip / KL / TIS ranges

@@ -189,17 +189,19 @@ def _compile_programs(cfg, abstract, mesh, shapes: dict[str, tuple[int, int]], w
   grpo = grpo_trainer(cfg, abstract, mesh, compiler_options=PLAN_COMPILER_OPTIONS)
   pass_cfg = logprob_pass_config(cfg)
   kl = grpo_config(cfg).kl_coef > 0
+  old_pass = cfg.grpo.old_logp == "pass"
   inputs = _batch({"input_ids": ((b_rl, t_rl), "int32"), "valid": ((b_rl, t_rl), "int32")})
   params = grpo.abstract_state.params
   ref = jax.eval_shape(lambda p: cast_floating(p, cfg.trainer.reference_dtype), params)
   rl_batch = _batch({"input_ids": ((b_rl, t_rl), "int32"), "valid": ((b_rl, t_rl), "int32"),
                      "loss_mask": ((b_rl, t_rl), "float32"), "advantages": ((b_rl,), "float32"),
-                     "old_logp": ((b_rl, t_rl), "float32"),
+                     **({"old_logp": ((b_rl, t_rl), "float32")} if old_pass else {}),
                      **({"ref_logp": ((b_rl, t_rl), "float32")} if kl else {})})
   # Largest first, so the small passes fill in beside the two steps.
   jobs = {"grpo_step": lambda: grpo.compiled_step(rl_batch),
-          "sft_step": lambda: sft.compiled_step(sft_batch),
-          "old_logp_pass": lambda: grpo.compiled_logprobs(params, inputs, pass_cfg, "old_logp")}
+          "sft_step": lambda: sft.compiled_step(sft_batch)}
+  if old_pass:
+    jobs["old_logp_pass"] = lambda: grpo.compiled_logprobs(params, inputs, pass_cfg, "old_logp")
   if kl:
     jobs["ref_logp_pass"] = lambda: grpo.compiled_logprobs(ref, inputs, pass_cfg, "ref_logp")
   seconds = compile_concurrently(jobs, workers)
@@ -233,9 +235,11 @@ def plan(cfg, num_layers: Optional[int] = None, workers: int = 1) -> dict[str, A
   mem = {**sft.memory, **grpo.memory}
   programs = {
       "sft_step": _program(mem[f"step{(b_sft, t_sft)}"], params_b + sft_opt_b, donated=True),
-      "old_logp_pass": _program(mem[f"old_logp{(b_rl, t_rl)}"], params_b, donated=False),
       "grpo_step": _program(mem[f"step{(b_rl, t_rl)}"], params_b + opt_b, donated=True),
   }
+  if cfg.grpo.old_logp == "pass":
+    programs["old_logp_pass"] = _program(mem[f"old_logp{(b_rl, t_rl)}"], params_b,
+                                         donated=False)
   if ref is not None:
     programs["ref_logp_pass"] = _program(mem[f"ref_logp{(b_rl, t_rl)}"], ref_b, donated=False)
   need = rollout_need(cfg, model_cfg, t_rl)

@@ -240,6 +240,12 @@ def grpo_config() -> ml_collections.ConfigDict:
   # the RL run started from) or "round_start" (the policy each round starts from). README argues
   # the default.
   s.kl_reference = "sft"
+  # The ratio's old logprobs: "step", the update's own logprobs under stop_gradient (exact here:
+  # each rollout batch makes one optimizer update, so the params that would score old_logp are
+  # the params being updated; the ratio is 1 and the gradient verl's), or "pass", a separate
+  # forward first as verl's compute_log_prob (one more forward per step; it also logs
+  # sampler_gap on steps without signal).
+  s.old_logp = "step"
   s.loss_agg = "seq-mean-token-mean"
   # seq-mean-token-sum-norm's constant length (denominator = sequences x this; verl's
   # loss_scale_factor). None: rollout.limits.max_response_tokens.

@@ -1,15 +1,18 @@
-r"""The CPU default: a tiny Qwen3.5-architecture model from scratch and a locally trained tokenizer.
+r"""The CPU default: a tiny Qwen3.5-architecture model, pretrained here as the tiny base on a
+generated corpus (the analogue of loading a pretrained checkpoint), and a locally trained
+tokenizer.
 
   python launch.py --config=configs/tiny.py --workdir=/tmp/bat_tiny
   python launch.py --config=configs/tiny.py:smoke --workdir=/tmp/bat_smoke   # a handful of steps
-  python launch.py --config=configs/tiny.py:base --workdir=/tmp/bat_base     # tiny base first
+  python launch.py --config=configs/tiny.py:scratch --workdir=/tmp/bat_s     # no base
 
 Everything stays on one host, on CPU: the in-process JAX rollout engine, a spawned Stage Bank and
-the built-in evaluator. Sizes aim at 15 minutes on 2 otherwise idle CPU cores (13 min 53 s
-timed alone before the 2026-12-04 world changes; `:base` 25 min 47 s with its base built in
-the run, experiments/README.md); `smoke` shrinks every phase to a few steps (a 2-layer,
-64-wide model, 120 SFT steps so its calls are well formed and GRPO applies updates), and the end-to-end test runs it with `base` (`smoke,base`:
-a 4-step tiny-base pretraining first). The recipe's *structure* (4/2/2
+the built-in evaluator. Sizes aim at 15 minutes on 2 otherwise idle CPU cores and do not reach
+it yet: the base alone is ~8 min (cached after the first run), and the whole run measured in
+experiments/README.md ("The default main job"). `smoke` shrinks every phase to a few steps (a
+2-layer, 64-wide model from scratch, 120 SFT steps so its calls are well formed and GRPO applies
+updates), and the end-to-end test runs it with `base` (`smoke,base`: a 4-step tiny-base
+pretraining first). The recipe's *structure* (4/2/2
 pool mix, gate thresholds, argmin curriculum, GRPO loss settings) is the reference's; only the
 scale shrinks. What makes the world learnable at this scale (experiments/README.md, "Levers"):
 the `stage_tools` action space with short task ids, a compact tool preamble, 128-wide layers
@@ -159,7 +162,8 @@ def _sft(c: ml_collections.ConfigDict) -> None:
 
 def _grpo(c: ml_collections.ConfigDict, rounds: int) -> None:
   c.grpo.rounds = rounds
-  c.grpo.steps_per_round = 2
+  # 3 rounds x 8 = 24 GRPO steps, each on its own Stage Bank batch (issue 23: >= 24 steps).
+  c.grpo.steps_per_round = 8
   c.grpo.prompt_groups = 4
   c.grpo.group_size = 4
   c.grpo.lr = 1e-4
@@ -168,7 +172,7 @@ def _grpo(c: ml_collections.ConfigDict, rounds: int) -> None:
   c.grpo.checkpoint.every = 1
   c.grpo.logprob_chunk_size = 256
   c.grpo.logprob_save_probs = True  # [B, T, V] softmax is small at V=4k: skip the recompute
-  c.stagebank.n_batches = 2        # 2 updates of 4 groups x G=4 per round
+  c.stagebank.n_batches = 8        # 8 updates of 4 groups x G=4 per round
 
 
 def _rollout(c: ml_collections.ConfigDict) -> None:
@@ -202,9 +206,9 @@ BASE_LAYER_TYPES = ("full_attention", "full_attention", "full_attention", "linea
 
 
 def _tiny_base(c: ml_collections.ConfigDict) -> None:
-  """`base`: random init, then the tiny base's pretraining on the generated corpus
+  """The default (`base`): random init, then the tiny base's pretraining on the generated corpus
   (bat_jax.pretrain, cached by its config hash), the analogue of a pretrained checkpoint.
-  Opt-in for now: its probe copy accuracy is 0.41-0.52 exact (0.81-0.86 of values) after
+  Its probe copy accuracy is 0.41-0.52 exact (0.81-0.86 of values) after
   100 + 150 echo + 900 corpus steps, an ~8 min build on an idle box (cached); on it the held-out
   scores after SFT are S1-S5 1.000 / 0.905 / 0.639 / 0.381 / 0.095 and GRPO moves them
   (experiments/README.md, "The main job on the redesigned world")."""
@@ -219,9 +223,15 @@ def _tiny_base(c: ml_collections.ConfigDict) -> None:
 
 
 def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
-  """`arg`: `smoke` (a handful of steps per phase, for tests), `rounds=N`, `mode=softmin`,
-  `base` (pretrain the tiny base first: `model.source = "tiny_base"`)."""
-  arg = base.parse_arg(arg, smoke=False, rounds=3, mode="argmin", base=False)
+  """`arg`: `smoke` (a handful of steps per phase, for tests; from scratch unless `base`),
+  `rounds=N`, `mode=softmin`, `base` (the default: pretrain the tiny base first,
+  `model.source = "tiny_base"`), `scratch` (no base: the from-scratch cold start)."""
+  arg = base.parse_arg(arg, smoke=False, rounds=3, mode="argmin", base=False, scratch=False)
+  if arg.base and arg.scratch:
+    raise ValueError("config argument: `base` and `scratch` exclude each other")
+  # The tiny base is the default; `smoke` stays from scratch (the tests' fast path) unless
+  # `base` asks for its 4-step pretraining too.
+  use_base = arg.base or not (arg.scratch or arg.smoke)
   c = base.base_config()
   c.seed = 0
   # The compact action space: every workspace ships stage tools (tools/plan.py ... submit.py),
@@ -238,11 +248,11 @@ def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
   # (measured: 2.8 vs 2.7-3.0 CPU s for 500-token prompts + 64 new tokens), so 8 wasted half.
   c.evaluator.workers = 16
   c.curriculum.mode = arg.mode
-  if arg.base:
+  if use_base:
     _tiny_base(c)
   if arg.smoke:
     c.update_from_flattened_dict(SMOKE_OVERRIDES)
-    if arg.base:
+    if use_base:
       c.model.hf_config.layer_types = ("full_attention", "linear_attention")
   c.lock()
   return c

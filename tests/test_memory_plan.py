@@ -43,7 +43,8 @@ def test_plan_counts_state_bytes_and_compiles_every_program(tiny_plan):
   assert 2 * d["params"] <= d["optimizer"] <= 2 * d["params"] + 64  # mu, nu, step counters
   assert d["reference"] == 4 * n_params                     # tiny keeps the reference fp32
   assert d["export_cast"] == 2 * n_params                   # the bf16 export
-  assert set(d["programs"]) == {"sft_step", "old_logp_pass", "ref_logp_pass", "grpo_step"}
+  # grpo.old_logp = "step": the update scores its own old logprobs, so no old-logprob pass.
+  assert set(d["programs"]) == {"sft_step", "ref_logp_pass", "grpo_step"}
   for name, program in d["programs"].items():
     assert program["temp"] > 0 and program["extra"] >= program["temp"], name
   table = result["phases"]

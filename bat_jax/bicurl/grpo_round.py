@@ -217,8 +217,9 @@ class GrpoRound:
               ) -> tuple[Optional[dict[str, Any]], dict[str, float]]:
     """The step's batch (None without signal) and the rollout statistics of `trajectories`.
 
-    The old-logprob pass runs every step, so `sampler_gap` (trainer vs sampler logprobs of the
-    same tokens) is logged even when the update itself is skipped for lack of signal.
+    With `grpo.old_logp = "pass"` the old-logprob pass runs every step, so `sampler_gap`
+    (trainer vs sampler logprobs of the same tokens) is logged even when the update is skipped
+    for lack of signal; with "step" the update computes them itself (the loss's `sampler_gap`).
     """
     longest = multihost.agree_max(max(len(t.token_ids) for t in trajectories))
     batch, stats = rollout_batch(trajectories, max_len=self.max_len, cfg=self.loss_cfg,
@@ -226,8 +227,9 @@ class GrpoRound:
     signal = multihost.agree_any(np.any(batch["advantages"]))
     stats = multihost.combine_stats(stats)
     batch = placement.global_batch(batch, self.trainer.batch_shardings(batch))
-    batch["old_logp"] = self.trainer.logprobs(params, batch, self.pass_cfg, "old_logp")
-    stats.update(sampler_gap(batch["old_logp"], batch))
+    if self.cfg.grpo.old_logp == "pass":
+      batch["old_logp"] = self.trainer.logprobs(params, batch, self.pass_cfg, "old_logp")
+      stats.update(sampler_gap(batch["old_logp"], batch))
     if not signal:
       # Every group's rewards are tied (or dropped), so the policy term is exactly zero; only
       # the KL term would remain, and AdamW would rescale its ~1e-8 gradient into lr-sized

@@ -15,8 +15,9 @@ from bat_jax.grpo.logprobs import taken_token_logprobs
 from bat_jax.grpo.loss import policy_loss_terms, validate_loss_config
 from bat_jax.train.step import Batch, LossFn, RematPolicy
 
-REQUIRED_KEYS = ("input_ids", "valid", "loss_mask", "old_logp", "advantages")
-OPTIONAL_KEYS = ("positions", "ref_logp", "sampler_logp")
+REQUIRED_KEYS = ("input_ids", "valid", "loss_mask", "advantages")
+# Without `old_logp` the step is on-policy: its own logprobs under stop_gradient are the old ones.
+OPTIONAL_KEYS = ("old_logp", "positions", "ref_logp", "sampler_logp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +99,12 @@ def grpo_loss_fn(cfg: GrpoConfig) -> LossFn:
             ref_model, batch["input_ids"], valid=batch["valid"], positions=batch.get("positions"),
             chunk_size=cfg.logprob_chunk_size, temperature=cfg.temperature)
       ref_logp = jax.lax.stop_gradient(ref_logp)
+    # On-policy (no `old_logp` given): the params being updated scored these tokens, so the
+    # ratio is exactly 1 and its gradient is grad logp, without a second forward.
+    old_logp = batch.get("old_logp")
+    old_logp = jax.lax.stop_gradient(logp) if old_logp is None else old_logp
     numerator, denominator, stats = policy_loss_terms(
-        logp, batch["old_logp"], batch["advantages"], batch["loss_mask"], ref_logp=ref_logp,
+        logp, old_logp, batch["advantages"], batch["loss_mask"], ref_logp=ref_logp,
         sampler_logp=batch.get("sampler_logp"), clip_low=cfg.clip_low, clip_high=cfg.clip_high,
         dual_clip=cfg.dual_clip, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
         loss_agg=cfg.loss_agg, tis_cap=cfg.tis_cap, norm_length=cfg.norm_length)

@@ -76,10 +76,10 @@ class AttentionMask:
     return cls(query_slots=slots, key_valid=valid.astype(bool), aligned=True)
 
   @classmethod
-  def for_cache(cls, query_slots: jax.Array, new_lengths: jax.Array, max_len: int
+  def for_cache(cls, query_slots: jax.Array, new_lengths: jax.Array, span: int
                 ) -> AttentionMask:
-    """Mask over a KV cache of `max_len` slots holding `new_lengths` [B] tokens."""
-    key_valid = jnp.arange(max_len)[None, :] < new_lengths[:, None]
+    """Mask over the first `span` slots of a KV cache holding `new_lengths` [B] tokens."""
+    key_valid = jnp.arange(span)[None, :] < new_lengths[:, None]
     return cls(query_slots=query_slots.astype(jnp.int32), key_valid=key_valid, aligned=False)
 
   def dense(self) -> jax.Array:

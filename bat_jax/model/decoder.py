@@ -310,7 +310,8 @@ class CausalLM(nnx.Module):
 
   def hidden_states(self, input_ids: jax.Array, *, positions: jax.Array | None = None,
                     cache: DecodeCache | None = None, valid: jax.Array | None = None,
-                    remat_policy: Callable[..., bool] | None = None):
+                    remat_policy: Callable[..., bool] | None = None,
+                    attend_span: int | None = None):
     """Final-normed hidden states [B, T, D] (and the new cache when given one).
 
     Logits are `hidden @ unembed_kernel()`; GRPO uses this split to compute
@@ -320,6 +321,10 @@ class CausalLM(nnx.Module):
     policy saves stays live between a layer's forward and its backward.
     Cache-free forwards longer than `cfg.seq_tile_size` run each layer over
     sequence tiles (see `seq_tiling`, `DecoderLayer.tiled`).
+    `attend_span` (static; with a cache): attention reads only the first `attend_span` cache
+    slots, so short conversations in a long cache do not pay for all of it (decode time grows
+    with the slots read). The caller guarantees that every row's tokens, cached and new, lie
+    below it.
     """
     if remat_policy is not None and cache is not None:
       raise ValueError("remat_policy is for training forwards and cannot be used with a cache")
@@ -346,8 +351,9 @@ class CausalLM(nnx.Module):
       x = self._cache_free_layers(x, remat_policy, tiles, **inputs)
       return self.norm(x)[:, :length]
     max_len = cache.max_len
+    span = max_len if attend_span is None else min(attend_span, max_len)
     inputs = dict(positions=positions, valid=valid,
-                  attn_mask=AttentionMask.for_cache(slots, start[:, 0] + counts[:, -1], max_len))
+                  attn_mask=AttentionMask.for_cache(slots, start[:, 0] + counts[:, -1], span))
     write_slots = jnp.where(valid, slots, max_len)  # out of range -> dropped
     new_layers = []
     for i, layer_cache in enumerate(cache.layers):

@@ -215,7 +215,9 @@ class Attention(nnx.Module):
       new_cache = KVCache(
           key=cache.key.at[rows, write_slots].set(k.astype(cache.key.dtype), mode="drop"),
           value=cache.value.at[rows, write_slots].set(v.astype(cache.value.dtype), mode="drop"))
-      k, v = new_cache.key, new_cache.value
+      # The mask's width is the span of cache slots attended (`hidden_states(attend_span=)`).
+      span = mask.key_valid.shape[1]
+      k, v = new_cache.key[:, :span], new_cache.value[:, :span]
     return self.attend_to(x, positions=positions, key=k, value=v, mask=mask), new_cache
 
   def keys_values(self, x: jax.Array, *, positions: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -88,6 +88,22 @@ class JaxEngineConfig:
     """The smallest bucket that holds `remaining` tokens (else the largest)."""
     return next((b for b in self.prefill_buckets if b >= remaining), self.prefill_chunk)
 
+  @property
+  def span_buckets(self) -> tuple[int, ...]:
+    """Cache spans attention reads (`hidden_states(attend_span=)`): 512 times 1, 1.5, 2, 3,
+    4, ... up to `max_len`, so a call reads at most 1.5x the slots its rows hold past 512.
+    Each span is one more compile per prefill chunk and of the decode, paid on first use: finer
+    spans would read less and compile more."""
+    sizes, size = [], 512
+    while size < self.max_len:
+      sizes += [size, 3 * size // 2]
+      size *= 2
+    return tuple(b for b in sizes if b < self.max_len) + (self.max_len,)
+
+  def span_for(self, needed: int) -> int:
+    """The smallest span that holds `needed` cache slots."""
+    return next(b for b in self.span_buckets if b >= min(needed, self.max_len))
+
 
 @dataclasses.dataclass
 class _Slot:
@@ -305,8 +321,9 @@ class JaxEngine:
         if piece and start + len(piece) == len(delta):
           last_idx[s] = len(piece) - 1
       positions = self._lengths[:, None] + np.arange(chunk, dtype=np.int32)[None, :]
+      span = cfg.span_for(int((self._lengths + valid.sum(axis=1))[list(deltas)].max()))
       self._cache, self._last_logits = self._prefill(
-          self._params, self._cache, self._last_logits, jnp.asarray(tokens),
+          span, self._params, self._cache, self._last_logits, jnp.asarray(tokens),
           jnp.asarray(valid), jnp.asarray(positions), jnp.asarray(last_idx))
       self._lengths += valid.sum(axis=1).astype(np.int32)
       start += chunk
@@ -331,11 +348,17 @@ class JaxEngine:
                                      seeded)]
     lengths, active_d, budget_d = (jnp.asarray(self._lengths), jnp.asarray(active),
                                    jnp.asarray(budget))
+    host_lengths, host_budget = self._lengths.copy(), budget.copy()
     while bool(np.any(active)):
+      # The block's rows end below their length + what they may still emit in it.
+      reach = host_lengths + np.minimum(host_budget, self.config.decode_block)
+      span = self.config.span_for(int(reach[active].max()))
       (self._cache, self._last_logits, lengths, active_d, budget_d, tok, logp, n_out,
-       self._key) = self._decode(self._params, self._cache, self._last_logits, lengths,
+       self._key) = self._decode(span, self._params, self._cache, self._last_logits, lengths,
                                  active_d, budget_d, *args, self._key)
       tok, logp, n_out, active = jax.device_get((tok, logp, n_out, active_d))
+      host_lengths += n_out
+      host_budget -= n_out
       for s, (toks, logps) in outputs.items():
         toks.extend(int(t) for t in tok[s, :n_out[s]])
         logps.extend(float(x) for x in logp[s, :n_out[s]])
@@ -381,24 +404,28 @@ def _reset_rows(graphdef, cfg: JaxEngineConfig, params, cache, rows: Array):
   return jax.tree.map(pick, cache, fresh)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3, 4))
-def _prefill_chunk(graphdef, cfg: JaxEngineConfig, params, cache, last_logits, tokens, valid,
-                   positions, last_idx):
-  """Feeds one chunk. tokens/valid/positions [S, C]; last_idx [S] (-1: no last token here).
+@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4, 5))
+def _prefill_chunk(graphdef, cfg: JaxEngineConfig, span: int, params, cache, last_logits,
+                   tokens, valid, positions, last_idx):
+  """Feeds one chunk. tokens/valid/positions [S, C]; last_idx [S] (-1: no last token here);
+  attention reads the first `span` cache slots (the fed rows end below it).
 
   Returns the new cache and last_logits [S, V], replaced for rows whose last token was fed.
   """
   del cfg
   model = nnx.merge(graphdef, params)
-  hidden, cache = model.hidden_states(tokens, positions=positions, cache=cache, valid=valid)
+  hidden, cache = model.hidden_states(tokens, positions=positions, cache=cache, valid=valid,
+                                      attend_span=span)
   h_last = jnp.take_along_axis(hidden, jnp.maximum(last_idx, 0)[:, None, None], axis=1)
   return cache, jnp.where((last_idx >= 0)[:, None], _logits(model, h_last[:, 0]), last_logits)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3, 4))
-def _decode_block(graphdef, cfg: JaxEngineConfig, params, cache, last_logits, lengths, active,
-                  budget, temperature, top_p, top_k, min_p, stop_ids, seed_data, seeded, key):
-  """Up to cfg.decode_block steps of sample -> logprob -> feed, stopping when no row is active.
+@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4, 5))
+def _decode_block(graphdef, cfg: JaxEngineConfig, span: int, params, cache, last_logits,
+                  lengths, active, budget, temperature, top_p, top_k, min_p, stop_ids, seed_data,
+                  seeded, key):
+  """Up to cfg.decode_block steps of sample -> logprob -> feed, stopping when no row is active;
+  attention reads the first `span` cache slots (the active rows end below it).
 
   Per row [S]: lengths (tokens in the cache), active, budget (tokens it may still emit),
   temperature / top_p / top_k / min_p; stop_ids [S, K] (-1 padded); seed_data [S, 2] and
@@ -421,7 +448,8 @@ def _decode_block(graphdef, cfg: JaxEngineConfig, params, cache, last_logits, le
     logp = token_logprobs(c["logits"], tok, temperature)
     # Feed every emitted token (the stop token too) so the cache holds the whole history.
     hidden, cache = model.hidden_states(tok[:, None], positions=c["lengths"][:, None],
-                                        cache=c["cache"], valid=emit[:, None])
+                                        cache=c["cache"], valid=emit[:, None],
+                                        attend_span=span)
     logits = jnp.where(emit[:, None], _logits(model, hidden[:, 0]), c["logits"])
     budget = c["budget"] - emit
     stopped = jnp.any(tok[:, None] == stop_ids, axis=-1)

@@ -12,6 +12,10 @@ tokens/s and model FLOP utilisation (6 * matmul params + causal attention per to
 `--peak_tflops`, default H200 bf16 dense). `--preset tiny` runs the same path on CPU as a smoke
 test.
 
+`--old_logp pass|step` adds where the ratio's old logprobs come from (`grpo.old_logp`) to both
+sides' timed step: a no-grad forward before it, or the step's own logprobs detached; the
+difference of the two runs' ms/step is what the loop saves per GRPO step.
+
   PYTHONPATH=. python experiments/perf/grpo_step.py --batch 8 --seq 256
   PYTHONPATH=. python experiments/perf/grpo_step.py --mode mfu --preset 1.9b --batch 8 --seq 4096
 """
@@ -78,12 +82,19 @@ def _jax_step(hf_dict: dict, args, out_dir: str):
                                train.StepConfig(num_micro_batches=args.micro),
                                optimizer_cfg=optimizer_cfg)
   batch = jax.device_put(grpo_batch(args.batch, args.seq, hf_dict["vocab_size"]))
+  if args.old_logp == "step":   # grpo.old_logp = "step": the update scores its own
+    batch.pop("old_logp")
   frozen = {"rest": rest, "ref_params": None}
   state = train.init_train_state(params, optimizer, seed=0)
   compiled = train.make_train_step(step_fn).lower(state, batch, frozen).compile()  # AOT
   holder = {"state": state}
+  old_logp_pass = jax.jit(lambda p: grpo.taken_token_logprobs(  # grpo.old_logp = "pass"
+      nnx.merge(graphdef, p, rest), batch["input_ids"], valid=batch["valid"],
+      chunk_size=args.chunk, temperature=TEMPERATURE)[0])
 
   def step():
+    if args.old_logp == "pass":
+      batch["old_logp"] = old_logp_pass(holder["state"].params)
     holder["state"], metrics = compiled(holder["state"], batch, frozen)
     return jax.block_until_ready(metrics)
 
@@ -116,12 +127,19 @@ def run_torch(args, weights_dir: str, conn) -> None:
                                                     model.config.vocab_size).items()}
   ids = b["input_ids"].long()
 
-  def loss_fn():
+  def taken_logp():
     logits = model(input_ids=ids).logits[:, :-1].float() / TEMPERATURE
     taken = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
-    logp = torch.nn.functional.pad(taken, (1, 0))
+    return torch.nn.functional.pad(taken, (1, 0))
+
+  def loss_fn():
+    if args.old_logp == "pass":
+      with torch.no_grad():
+        b["old_logp"] = taken_logp()
+    logp = taken_logp()
+    old_logp = logp.detach() if args.old_logp == "step" else b["old_logp"]
     mask, adv = b["loss_mask"], b["advantages"][:, None]
-    ratio = torch.exp(logp - b["old_logp"])
+    ratio = torch.exp(logp - old_logp)
     pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - CLIP, 1 + CLIP))
     log_r = b["ref_logp"] - logp
     per_token = pg + KL_COEF * (torch.exp(log_r) - log_r - 1)
@@ -191,7 +209,8 @@ def compare(args) -> None:
       conn.send(None)
       proc.join()
   print(f"config: family={args.family} layers={args.layers} batch={args.batch} seq={args.seq} "
-        f"micro={args.micro} chunk={args.chunk} torch_threads={torch_r['threads']} "
+        f"micro={args.micro} chunk={args.chunk} old_logp={args.old_logp} "
+        f"torch_threads={torch_r['threads']} "
         f"rounds={args.repeats}x{args.iters} steps "
         f"malloc={'default' if args.default_malloc else 'bat_jax.host_memory (both)'}")
   print(f"first-step loss: jax={jax_r['loss']:.6f} torch={torch_r['loss']:.6f}")
@@ -313,6 +332,10 @@ def main() -> None:
                       help="compare mode: glibc's default malloc settings in both children "
                            "instead of the trainer's (bat_jax.host_memory)")
   parser.add_argument("--remat", default="full")
+  parser.add_argument("--old_logp", choices=["given", "pass", "step"], default="given",
+                      help="given: precomputed inputs; pass: a no-grad forward scores them "
+                      "before each step (grpo.old_logp=pass); step: the step's own, detached "
+                      "(grpo.old_logp=step). Both sides do the same.")
   parser.add_argument("--iters", type=int, default=3)
   parser.add_argument("--repeats", type=int, default=3, help="alternating timing rounds")
   parser.add_argument("--peak_tflops", type=float, default=989.0)

@@ -15,6 +15,8 @@ Three measurements, one run:
 The last line is the decode ratio (JAX / torch).
 
   PYTHONPATH=. python experiments/perf/rollout_decode.py --batch 8 --prompt 64 --new 64
+  PYTHONPATH=. python experiments/perf/rollout_decode.py --batch 16 --prompt 512 --new 64 \
+      --max_len 2048    # the tiny loop's cache (rollout.jax.max_len)
   PYTHONPATH=. python experiments/perf/rollout_decode.py --only_gpu --batch 64 --prompt 1024 \
       --new 512
   PYTHONPATH=. python experiments/perf/rollout_decode.py --only_gpu --gpu_preset tiny  # CPU smoke
@@ -181,6 +183,10 @@ def main() -> None:
   parser.add_argument("--prompt", type=int, default=64)
   parser.add_argument("--new", type=int, default=64)
   parser.add_argument("--layers", type=int, default=4)
+  parser.add_argument("--max_len", type=int, default=None,
+                      help="the JAX engine's cache slots (default prompt + new + 1); the tiny "
+                      "loop's is 2,048 (rollout.jax.max_len), whose attention reads only the "
+                      "span its rows reach")
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--items", type=int, default=2, help="rows for the rollout measurement")
   parser.add_argument("--group", type=int, default=4, help="continuations per row")
@@ -206,7 +212,8 @@ def main() -> None:
     torch_model.save_pretrained(weights)
     del torch_model
     model = load_pretrained(weights)
-    jax_s, jax_ids = jax_decode(model, prompts, args.new, max_len=args.prompt + args.new + 1,
+    jax_s, jax_ids = jax_decode(model, prompts, args.new,
+                                max_len=args.max_len or args.prompt + args.new + 1,
                                 repeats=args.repeats)
     torch_s, torch_ids = torch_decode(weights, prompts, args.new, args.repeats)
   agree = np.mean([a == b for ja, ta in zip(jax_ids, torch_ids) for a, b in zip(ja, ta)])
@@ -215,7 +222,7 @@ def main() -> None:
     gpu_1b(args)
   tokens = args.batch * args.new
   print(f"config: qwen3_5 layers={args.layers} batch={args.batch} prompt={args.prompt} "
-        f"new={args.new} torch_threads={torch.get_num_threads()}; greedy tokens equal: "
+        f"new={args.new} jax_max_len={args.max_len or args.prompt + args.new + 1} torch_threads={torch.get_num_threads()}; greedy tokens equal: "
         f"{100 * agree:.1f}%")
   print(f"jax engine generate: {jax_s:.3f}s {tokens / jax_s:9.0f} new tokens/s (prefill incl.)")
   print(f"torch generate:      {torch_s:.3f}s {tokens / torch_s:9.0f} new tokens/s (prefill incl.)")

@@ -3,9 +3,9 @@
 A one-token bandit on the `tiny:smoke` model, random init: each prompt's first sampled token
 earns 1 when it lies in a fixed eighth of the vocabulary (about 1/8 of the initial mass), else
 0. Everything past the sampling is the loop's: `GrpoRound.prepare` (the batching of
-`rollout_batch`, group advantages, the old-policy logprob pass), `grpo.trainer.step` (the
-jitted GRPO loss, clipping, AdamW, finite guard) and the `Trainer.fit` rule that a step without
-signal makes no update. The mean reward must climb from < 0.3 to > 0.7 within the step budget;
+`rollout_batch`, group advantages, with `grpo.old_logp = "pass"` the old-policy logprob pass),
+`grpo.trainer.step` (the jitted GRPO loss, clipping, AdamW, finite guard) and the `Trainer.fit`
+rule that a step without signal makes no update; both old-logprob sources are run. The mean reward must climb from < 0.3 to > 0.7 within the step budget;
 the negative controls (advantages of the opposite sign, the update skipped) must not, so the
 test fails if the loop silently stops learning.
 """
@@ -64,11 +64,12 @@ def _rollouts(grpo, params, prompts, key, flipped) -> tuple[list[Trajectory], fl
   return trajs, float(hits)
 
 
-def _train(tmp_path, chat, *, flipped: bool = False, skip_update: bool = False) -> list[float]:
+def _train(tmp_path, chat, *, flipped: bool = False, skip_update: bool = False,
+           old_logp: str = "step") -> list[float]:
   """Per-step hit rates of STEPS GRPO steps run like `Trainer.fit` runs a round's."""
   # The context cap is the batch's padded length (`rollout_batch`): 16, not 128 tokens.
   cfg = RunConfig.from_config(fast_config(grpo__lr=3e-2, grpo__kl_coef=0.0,
-                                          grpo__steps_per_round=STEPS,
+                                          grpo__steps_per_round=STEPS, grpo__old_logp=old_logp,
                                           rollout__limits__max_context_tokens=16))
   model = setup.initial_model(cfg)
   grpo = GrpoRound(cfg, 0, model, None, types.SimpleNamespace(engine=None), chat,
@@ -91,8 +92,9 @@ def _train(tmp_path, chat, *, flipped: bool = False, skip_update: bool = False) 
   return hit_rates
 
 
-def test_grpo_raises_a_learnable_reward(tmp_path, chat):
-  hits = _train(tmp_path, chat)
+@pytest.mark.parametrize("old_logp", ["step", "pass"])
+def test_grpo_raises_a_learnable_reward(tmp_path, chat, old_logp):
+  hits = _train(tmp_path, chat, old_logp=old_logp)
   assert np.mean(hits[:2]) < 0.3, hits
   assert np.mean(hits[-2:]) > 0.7, hits
 

@@ -117,19 +117,26 @@ def test_unlinked_model_vocab_smaller_than_tokenizer_is_named():
     validate_config(cfg)
 
 
-def test_tiny_base_argument_pretrains_a_hybrid_first():
-  cfg = tiny.get_config("base")
+def test_tiny_default_pretrains_the_tiny_base_first():
+  cfg = tiny.get_config()
+  assert tiny.get_config("base").to_dict() == cfg.to_dict()   # `base` is the default
   assert cfg.model.source == "tiny_base" and cfg.pretrain.steps >= 100
   # Lists of 2-6 in 32-token rows cross the copying plateau by ~80 steps, 4-13 in 64 by ~150.
   assert cfg.pretrain.echo_steps >= 80 and cfg.pretrain.echo_long_steps >= 100
   assert cfg.pretrain.echo_seq_len < cfg.pretrain.echo_long_seq_len   # short -> long
   assert cfg.model.hf_config.rope_parameters.partial_rotary_factor == 1.0
-  assert tiny.get_config().model.hf_config.rope_parameters.partial_rotary_factor == 0.25
+  assert tiny.get_config("scratch").model.hf_config.rope_parameters.partial_rotary_factor == 0.25
   assert set(cfg.model.hf_config.layer_types) == {"linear_attention", "full_attention"}
   smoke = tiny.get_config("smoke,base")
   assert smoke.model.source == "tiny_base" and smoke.pretrain.steps < 10
   assert 0 < smoke.pretrain.echo_steps < 10 and 0 < smoke.pretrain.echo_long_steps < 10
   assert len(smoke.model.hf_config.layer_types) == smoke.model.hf_config.num_hidden_layers
+  assert tiny.get_config("smoke").model.source == "scratch"   # the tests' fast path
+  # Issue 23: the default main job makes >= 24 GRPO steps, each on its own Stage Bank batch.
+  assert cfg.grpo.rounds * cfg.grpo.steps_per_round >= 24
+  assert cfg.stagebank.n_batches >= cfg.grpo.steps_per_round
+  with pytest.raises(ValueError, match="`base` and `scratch` exclude each other"):
+    tiny.get_config("base,scratch")
 
 
 def test_config_argument_errors_name_the_key():
@@ -140,8 +147,8 @@ def test_config_argument_errors_name_the_key():
   assert tiny.get_config("rounds=5,mode=uniform").grpo.rounds == 5
 
 
-def test_tiny_is_a_small_hybrid_qwen3_5_from_scratch():
-  cfg = tiny.get_config()
+def test_tiny_scratch_is_a_small_hybrid_qwen3_5_from_scratch():
+  cfg = tiny.get_config("scratch")
   hf = cfg.model.hf_config.to_dict()
   assert cfg.model.source == "scratch" and cfg.tokenizer.source == "train"
   assert hf["model_type"] == "qwen3_5_text"

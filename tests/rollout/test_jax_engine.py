@@ -173,6 +173,55 @@ def test_sampler_respects_top_k_top_p_and_greedy():
   assert abs((draws[:, 3] == 0).mean() - 0.5) < 0.1
 
 
+def test_attention_reads_only_the_cache_span_its_rows_reach(model):
+  """A 1,280-slot cache: each call's attention reads the first 512 / 768 / ... slots its rows
+  reach (decode time grows with the slots read), and a generation that crosses a span
+  boundary, then a session continued past the next one, still equal cache-free forwards."""
+  cfg = dataclasses.replace(CFG, max_len=1280, prefill_chunk=128, decode_block=8)
+  assert cfg.span_buckets == (512, 768, 1024, 1280) and cfg.span_for(513) == 768
+  engine = JaxEngine(model, cfg)
+  spans = []
+  for name in ("_decode", "_prefill"):
+    program = getattr(engine, name)
+    setattr(engine, name, lambda span, *a, _p=program: spans.append(span) or _p(span, *a))
+  rng = np.random.default_rng(3)
+  prompts = [rng.integers(1, 200, 505).tolist(), [5, 17, 99]]
+  greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
+  out = engine.generate([GenerateRequest(p, greedy, session_id=str(i))
+                         for i, p in enumerate(prompts)])
+  width = 640
+  seqs = [list(p) for p in prompts]
+  for _ in range(12):
+    logits = _full_logits(model, jnp.asarray([s + [0] * (width - len(s)) for s in seqs]))
+    for i, seq in enumerate(seqs):
+      seq.append(int(jnp.argmax(logits[i, len(seq) - 1])))
+  assert [list(c.output_ids) for c in out] == [s[len(p):] for s, p in zip(seqs, prompts)]
+  assert 512 in spans and 768 in spans and max(spans) == 768  # never the whole cache
+  history = seqs[0] + rng.integers(1, 200, 250).tolist()   # 767 tokens: past 768 while decoding
+  more = engine.generate([GenerateRequest(history, greedy, session_id="0")])[0]
+  assert more.cached_tokens == len(seqs[0]) and 1024 in spans and 1280 not in spans
+  padded = jnp.asarray([history + list(more.output_ids) + [0] * 100])
+  want = np.asarray(_trainer_logp(model, padded)[0])[len(history):len(history) + 12]
+  np.testing.assert_allclose(more.logprobs, want, atol=1e-4)
+
+
+def test_a_greedy_completion_does_not_depend_on_its_batchmates(model):
+  """Bitwise: the same greedy request alone, or beside requests whose prompts take other
+  prefill chunks and reach further into the cache (a wider attention span: 640 slots, not
+  512), gives the same tokens and logprobs: reading more (masked) cache slots changes no
+  rounding, so the span a call picks for its longest row cannot flip a greedy token."""
+  cfg = dataclasses.replace(CFG, max_len=640, prefill_chunk=128, decode_block=8)
+  rng = np.random.default_rng(5)
+  target = rng.integers(1, 200, 150).tolist()                     # chunks 128 + 32
+  others = [rng.integers(1, 200, 600).tolist(), [7, 8, 9]]        # 128 x 5, span 640; 32
+  greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
+  alone = JaxEngine(model, cfg).generate([GenerateRequest(target, greedy)])[0]
+  batched = JaxEngine(model, cfg).generate(
+      [GenerateRequest(p, greedy) for p in (others[0], target, others[1])])[1]
+  assert batched.output_ids == alone.output_ids
+  assert batched.logprobs == alone.logprobs
+
+
 def test_decode_and_prefill_compile_once_per_shape(engine):
   traced = []  # every trace or XLA compile in this process, from JAX's public monitoring hook
   jax.monitoring.register_event_duration_secs_listener(

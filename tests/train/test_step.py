@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from bat_jax import sharding
 from bat_jax.grpo import GrpoConfig, grpo_loss_fn, taken_token_logprobs
@@ -148,6 +149,28 @@ def test_kl_from_frozen_copy_equals_precomputed_ref_logp():
   np.testing.assert_allclose(num_a / den_a, num_b / den_b, rtol=1e-6)
   np.testing.assert_allclose(st_a["kl_sum"], st_b["kl_sum"], rtol=1e-6)
   assert float(st_a["kl_sum"]) > 0
+
+
+def test_on_policy_step_equals_a_separate_old_logp_pass():
+  """grpo.old_logp = "step": a batch without old_logp takes the update's own logprobs under
+  stop_gradient. With one update per rollout batch that is exact: the same update as old_logp
+  scored by a separate pass at the same params (ratio 1, clip inactive), one forward less."""
+  step_fn, state, frozen, _ = make(micro=2, dual_clip=3.0)
+  graphdef, _, rest = split_model(tiny_model())
+  old_logp = jax.jit(lambda p: taken_token_logprobs(
+      nnx.merge(graphdef, p, rest), jnp.asarray(BATCH["input_ids"]),
+      valid=jnp.asarray(BATCH["valid"]), chunk_size=5)[0])(state.params)
+  step = jax.jit(step_fn)
+  on_policy = {k: v for k, v in BATCH.items() if k != "old_logp"}
+  got = step(state, on_policy, frozen)
+  want = step(state, {**BATCH, "old_logp": np.asarray(old_logp)}, frozen)
+  assert_same_update(got, want)
+  metrics = got[1]
+  assert float(metrics["ratio"]) == pytest.approx(1.0, abs=1e-6)
+  assert float(metrics["clip_frac"]) == 0.0 and int(metrics["update_applied"]) == 1
+  # The stale old_logp of the fixture is another update: the test can tell them apart.
+  stale = step(state, BATCH, frozen)[1]
+  assert abs(float(stale["ratio"]) - 1.0) > 1e-3
 
 
 def test_bad_batches_name_the_key():
