@@ -18,8 +18,10 @@ from bat_jax.sandbox import SandboxLimits, cgroup, load_evidence, process
 MEM = dataclasses.replace(FAST, wall_s=20.0, cpu_s=15, memory_mb=256, max_workspace_mb=512)
 
 MEMORY_ATTACKS = {
+    # 450 MB, as the others: 600 MB crossed RLIMIT_FSIZE (max_workspace_mb, 512) first when a
+    # loaded box slowed the polling fallback, and the write failed with EFBIG instead.
     "memfd": "import os\nfd = os.memfd_create('x')\n"
-             "for _ in range(60): os.write(fd, b'x' * (10 << 20))\nimport time; time.sleep(30)",
+             "for _ in range(45): os.write(fd, b'x' * (10 << 20))\nimport time; time.sleep(30)",
     "shared_mmap_8_procs": "import mmap, os, time\n"
                            "for _ in range(8):\n"
                            "  if os.fork() == 0:\n"
