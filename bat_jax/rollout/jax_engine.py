@@ -362,7 +362,7 @@ class JaxEngine:
       for s, (toks, logps) in outputs.items():
         toks.extend(int(t) for t in tok[s, :n_out[s]])
         logps.extend(float(x) for x in logp[s, :n_out[s]])
-    self._lengths = np.asarray(jax.device_get(lengths), np.int32).copy()
+    self._lengths = host_lengths  # the device's lengths, tracked on the host (no fetch)
     return outputs
 
 
