@@ -30,18 +30,20 @@ STRIP = {
     "write_only_dirs": "mkdir -p d/e; touch d/e/f; chmod 200 d/e d",
     "read_only_tree": "mkdir -p t/u; touch t/u/v; chmod 500 t/u t; chmod 400 t/u/v",
 }
+# 450 MB each, over the 256 MB cap and under RLIMIT_FSIZE (max_workspace_mb, 512): at 600 MB a
+# loaded box slowed the polling fallback and the write failed with EFBIG before the cap was seen.
 MEMORY = {
     "memfd_write": "import os, time\nfd = os.memfd_create('x')\n"
-                   "for _ in range(60): os.write(fd, b'x' * (10 << 20))\ntime.sleep(30)",
+                   "for _ in range(45): os.write(fd, b'x' * (10 << 20))\ntime.sleep(30)",
     "memfd_ftruncate_mmap": "import mmap, os, time\nheld = []\nfor _ in range(6):\n"
                             "  fd = os.memfd_create('x'); os.ftruncate(fd, 100 << 20)\n"
                             "  m = mmap.mmap(fd, 100 << 20); os.close(fd); held.append(m)\n"
                             "  m.write(b'x' * (100 << 20))\ntime.sleep(30)",
     "memfd_then_exec_sleep": "import os\nfd = os.memfd_create('x', 0)\n"
-                             "for _ in range(60): os.write(fd, b'x' * (10 << 20))\n"
+                             "for _ in range(45): os.write(fd, b'x' * (10 << 20))\n"
                              "os.execv('/bin/sleep', ['sleep', '30'])",
     "dev_shm": "import time\nf = open('/dev/shm/x', 'wb')\n"
-               "for _ in range(60): f.write(b'x' * (10 << 20)); f.flush()\ntime.sleep(30)",
+               "for _ in range(45): f.write(b'x' * (10 << 20)); f.flush()\ntime.sleep(30)",
 }
 MEM = dataclasses.replace(FAST, wall_s=20.0, cpu_s=15, memory_mb=256, max_workspace_mb=512)
 
