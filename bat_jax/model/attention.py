@@ -13,6 +13,8 @@ Three implementations share one signature (`attend`):
   max / sum, each block body under `jax.checkpoint`, so forward and backward
   peak at `[B, H, block, block]` logits instead of `[B, H, T, S]`.
 
+`attend_cached` is `attend` over a decode cache in its own layout (`KVCache`).
+
 Visibility is described by an `AttentionMask` (query slots + key validity)
 rather than a dense `[B, T, S]` boolean, so no implementation has to
 materialise a quadratic mask.
@@ -174,6 +176,38 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask, *,
     return causal_block_attention(q, k, v, mask.key_valid, scale=scale)
   return jax.nn.dot_product_attention(q, k, v, mask=mask.dense()[:, None], scale=scale,
                                       implementation="xla")
+
+
+def attend_cached(q: jax.Array, key_t: jax.Array, value: jax.Array, mask: AttentionMask, *,
+                  impl: str | None = None, block_size: int = 512) -> jax.Array:
+  """`attend` over a decode cache in its own layout (`bat_jax.model.layers.KVCache`).
+
+  Args:
+    q: [B, T, H, Dh] queries (not yet scaled).
+    key_t: [B, K, Dh, S]; value: [B, K, S, Dh] (the cache's first S slots).
+    mask: visibility of the S slots to each query (`AttentionMask.for_cache`).
+  Returns:
+    [B, T, H, Dh] in q's dtype (softmax in fp32). Each kv head's query group is folded into
+    the rows, so both matmuls are [B, K]-batched and read the cache without a transpose.
+  """
+  b, t, h, dh = q.shape
+  kv_heads, s = key_t.shape[1], key_t.shape[-1]
+  scale = dh ** -0.5
+  if resolve_impl(impl, q_len=t, kv_len=s, mask=mask, dtype=q.dtype, head_dim=dh) == "chunked":
+    # Long chunks over a long cache: bounded logits memory matters more than the transpose.
+    return chunked_attention(q, key_t.transpose(0, 3, 1, 2), value.transpose(0, 2, 1, 3), mask,
+                             scale=scale, block_size=block_size)
+  groups = h // kv_heads
+  q_rows = q.reshape(b, t, kv_heads, groups, dh).transpose(0, 2, 3, 1, 4)
+  q_rows = q_rows.reshape(b, kv_heads, groups * t, dh)                        # row = (g, t)
+  logits = jnp.einsum("bkqd,bkds->bkqs", q_rows, key_t,
+                      preferred_element_type=jnp.float32) * scale
+  visible = jnp.tile(mask.dense(), (1, groups, 1))[:, None]                   # [B, 1, GT, S]
+  probs = jax.nn.softmax(jnp.where(visible, logits, _MASK_VALUE), axis=-1)
+  out = jnp.einsum("bkqs,bksd->bkqd", probs.astype(value.dtype), value,
+                   preferred_element_type=jnp.float32)
+  return (out.reshape(b, kv_heads, groups, t, dh).transpose(0, 3, 1, 2, 4)
+          .reshape(b, t, h, dh).astype(q.dtype))
 
 
 def causal_block_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, *,

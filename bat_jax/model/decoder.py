@@ -51,7 +51,7 @@ class DecodeCache:
   def max_len(self) -> int:
     for layer in self.layers:
       if isinstance(layer, KVCache):
-        return layer.key.shape[1]
+        return layer.key.shape[-1]
     return 0  # pure-DeltaNet stacks have no length limit
 
 
@@ -294,15 +294,17 @@ class CausalLM(nnx.Module):
     return (table[...] if dtype is None else compute_param(table, dtype)).T
 
   def init_cache(self, batch_size: int, max_len: int, dtype=None) -> DecodeCache:
-    """Empty decode cache: KV [B, max_len, K, Dh] per attention layer, conv +
+    """Empty decode cache: key [B, K, Dh, max_len] and value [B, K, max_len, Dh] per
+    attention layer (`KVCache`), conv +
     recurrent state per DeltaNet layer (recurrent state always fp32)."""
     dtype = jnp.dtype(dtype or self.config.dtype)
     cfg = self.config
     layers: list[LayerCache] = []
     for i, kind in enumerate(cfg.layer_types):
       if kind == "full_attention":
-        shape = (batch_size, max_len, cfg.num_key_value_heads, cfg.head_dim)
-        layers.append(KVCache(key=jnp.zeros(shape, dtype), value=jnp.zeros(shape, dtype)))
+        kv, dh = cfg.num_key_value_heads, cfg.head_dim
+        layers.append(KVCache(key=jnp.zeros((batch_size, kv, dh, max_len), dtype),
+                              value=jnp.zeros((batch_size, kv, max_len, dh), dtype)))
       else:
         mixer = self.layers[i % cfg.layer_cycle if cfg.scan_layers else i].linear_attn
         layers.append(mixer.init_state(batch_size, dtype))

@@ -9,8 +9,9 @@ extends an anonymous slot's tokens) prefills only the new suffix, so multi-turn 
 recompute their prefix. Rows that are not part of a call are fed `valid=False`, which by the
 model contract leaves their state untouched, so every compiled function sees the same shapes:
 
-* `prefill`: tokens [S, C] per chunk (right padded, `valid` mask) -> the logits of each row's
-  last valid token; one compilation per chunk size.
+* `prefill`: tokens [S, C] per chunk (right padded, `valid` mask), fed a row at a time to the
+  slots that have new tokens -> the logits of each row's last valid token; one compilation
+  per chunk size and span.
 * `decode`: a `lax.while_loop` of up to `decode_block` steps (sample -> logprob -> feed the
   token) that stops early when every row is done; one compilation.
 * `reset`: zeroes the state of the rows that start a new conversation.
@@ -40,9 +41,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from bat_jax.rollout import engine_programs as programs
 from bat_jax.rollout.engine import Completion, GenerateRequest, PromptTooLongError
-from bat_jax.rollout.sampling import (position_keys, sample_tokens, seed_key_data,
-                                     token_logprobs)
+from bat_jax.rollout.sampling import seed_key_data
 
 Array = jax.Array
 
@@ -125,10 +126,10 @@ class JaxEngine:
     self._key = self._committed(jax.random.key(config.seed))
     # Module-level jits keyed on (graphdef, config): engines of the same model share them.
     static = (self._graphdef, config)
-    self._reset = functools.partial(_reset_rows, *static)
-    self._prefill = functools.partial(_prefill_chunk, *static)
-    self._decode = functools.partial(_decode_block, *static)
-    self._cache = self._committed(_init_cache(*static, self._params))
+    self._reset = functools.partial(programs.reset_rows, *static)
+    self._prefill = functools.partial(programs.prefill_rows, *static)
+    self._decode = functools.partial(programs.decode_block, *static)
+    self._cache = self._committed(programs.init_cache(*static, self._params))
     self.vocab_size = int(model.unembed_kernel().shape[-1])
     self._lengths = np.zeros(config.num_slots, np.int32)          # tokens in each cache row
     self._last_logits = self._committed(
@@ -305,28 +306,46 @@ class JaxEngine:
     return completions
 
   def _prefill_deltas(self, deltas: dict[int, list[int]]) -> None:
-    """Feeds each slot's new tokens in [S, C] chunks; rows without tokens are invalid."""
+    """Feeds each slot's new tokens in chunks of C tokens. Each call takes the slots whose next
+    piece needs the same chunk size (a 500-token prompt and a 60-token observation go in
+    separate calls), a row at a time on the device."""
     cfg = self.config
-    longest = max((len(d) for d in deltas.values()), default=0)
-    start = 0
-    while start < longest:
-      chunk = cfg.chunk_for(longest - start)
-      tokens = np.zeros((cfg.num_slots, chunk), np.int32)
-      valid = np.zeros((cfg.num_slots, chunk), bool)
-      last_idx = np.full(cfg.num_slots, -1, np.int32)
-      for s, delta in deltas.items():
-        piece = delta[start:start + chunk]
-        tokens[s, :len(piece)] = piece
-        valid[s, :len(piece)] = True
-        if piece and start + len(piece) == len(delta):
-          last_idx[s] = len(piece) - 1
-      positions = self._lengths[:, None] + np.arange(chunk, dtype=np.int32)[None, :]
-      span = cfg.span_for(int((self._lengths + valid.sum(axis=1))[list(deltas)].max()))
-      self._cache, self._last_logits = self._prefill(
-          span, self._params, self._cache, self._last_logits, jnp.asarray(tokens),
-          jnp.asarray(valid), jnp.asarray(positions), jnp.asarray(last_idx))
-      self._lengths += valid.sum(axis=1).astype(np.int32)
-      start += chunk
+    fed = {s: 0 for s, d in deltas.items() if d}   # slot -> tokens fed so far
+    while fed:
+      by_chunk: dict[int, list[int]] = {}
+      for s, done in fed.items():
+        by_chunk.setdefault(cfg.chunk_for(len(deltas[s]) - done), []).append(s)
+      for chunk, slots in sorted(by_chunk.items(), reverse=True):
+        for s, n in zip(slots, self._prefill_call(chunk, slots, deltas, fed)):
+          fed[s] += n
+      fed = {s: done for s, done in fed.items() if done < len(deltas[s])}
+
+  def _prefill_call(self, chunk: int, slots: list[int], deltas: dict[int, list[int]],
+                    fed: dict[int, int]) -> list[int]:
+    """One prefill call of `chunk` tokens per row over `slots`; returns the tokens fed each."""
+    cfg = self.config
+    n = len(slots)
+    rows = np.zeros(cfg.num_slots, np.int32)
+    rows[:n] = slots
+    tokens = np.zeros((cfg.num_slots, chunk), np.int32)
+    valid = np.zeros((cfg.num_slots, chunk), bool)
+    last_idx = np.full(cfg.num_slots, -1, np.int32)
+    for r, s in enumerate(slots):
+      piece = deltas[s][fed[s]:fed[s] + chunk]
+      tokens[r, :len(piece)] = piece
+      valid[r, :len(piece)] = True
+      if fed[s] + len(piece) == len(deltas[s]):
+        last_idx[r] = len(piece) - 1
+    counts = valid.sum(axis=1).astype(np.int32)[:n]
+    lengths = self._lengths[slots]
+    positions = np.zeros((cfg.num_slots, chunk), np.int32)
+    positions[:n] = lengths[:, None] + np.arange(chunk, dtype=np.int32)[None, :]
+    span = cfg.span_for(int((lengths + counts).max()))
+    self._cache, self._last_logits = self._prefill(
+        span, self._params, self._cache, self._last_logits, jnp.asarray(rows), jnp.int32(n),
+        jnp.asarray(tokens), jnp.asarray(valid), jnp.asarray(positions), jnp.asarray(last_idx))
+    self._lengths[slots] += counts
+    return [int(c) for c in counts]
 
   def _mask_next_tokens(self, plan, wave: Sequence[GenerateRequest]) -> None:
     """Constrained decoding: tokens outside a request's token_mask cannot be sampled next."""
@@ -375,97 +394,3 @@ def _check_token_mask(req: GenerateRequest, vocab_size: int, field: str) -> None
                      f"be 1, got {req.sampling.max_new_tokens}")
   if not mask.any():
     raise ValueError(f"{field}.token_mask allows no token")
-
-
-# -- compiled functions (static: the model's graphdef and the engine config) ----------------------
-
-def _logits(model, hidden: Array) -> Array:
-  """[S, D] hidden -> [S, V] float32 logits, exactly as the trainer computes them."""
-  return jnp.einsum("sd,dv->sv", hidden, model.unembed_kernel(),
-                    preferred_element_type=jnp.float32)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _init_cache(graphdef, cfg: JaxEngineConfig, params):
-  model = nnx.merge(graphdef, params)
-  return model.init_cache(cfg.num_slots, cfg.max_len, cfg.cache_dtype)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1), donate_argnums=(3,))
-def _reset_rows(graphdef, cfg: JaxEngineConfig, params, cache, rows: Array):
-  """Zeroes the cache rows where rows [S] is True (a new conversation starts there)."""
-  fresh = nnx.merge(graphdef, params).init_cache(cfg.num_slots, cfg.max_len, cfg.cache_dtype)
-
-  def pick(old, new):
-    if old.ndim == 0 or old.shape[0] != cfg.num_slots:
-      raise ValueError(f"cache leaf of shape {old.shape} has no leading slot axis of size "
-                       f"{cfg.num_slots}; JaxEngine needs batch-major caches")
-    return jnp.where(rows.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
-  return jax.tree.map(pick, cache, fresh)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4, 5))
-def _prefill_chunk(graphdef, cfg: JaxEngineConfig, span: int, params, cache, last_logits,
-                   tokens, valid, positions, last_idx):
-  """Feeds one chunk. tokens/valid/positions [S, C]; last_idx [S] (-1: no last token here);
-  attention reads the first `span` cache slots (the fed rows end below it).
-
-  Returns the new cache and last_logits [S, V], replaced for rows whose last token was fed.
-  """
-  del cfg
-  model = nnx.merge(graphdef, params)
-  hidden, cache = model.hidden_states(tokens, positions=positions, cache=cache, valid=valid,
-                                      attend_span=span)
-  h_last = jnp.take_along_axis(hidden, jnp.maximum(last_idx, 0)[:, None, None], axis=1)
-  return cache, jnp.where((last_idx >= 0)[:, None], _logits(model, h_last[:, 0]), last_logits)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2), donate_argnums=(4, 5))
-def _decode_block(graphdef, cfg: JaxEngineConfig, span: int, params, cache, last_logits,
-                  lengths, active, budget, temperature, top_p, top_k, min_p, stop_ids, seed_data,
-                  seeded, key):
-  """Up to cfg.decode_block steps of sample -> logprob -> feed, stopping when no row is active;
-  attention reads the first `span` cache slots (the active rows end below it).
-
-  Per row [S]: lengths (tokens in the cache), active, budget (tokens it may still emit),
-  temperature / top_p / top_k / min_p; stop_ids [S, K] (-1 padded); seed_data [S, 2] and
-  seeded [S]: a seeded row samples position p with fold_in(key(seed), p), not `key`. Returns the new cache, logits,
-  lengths, active, budget, the emitted tokens and logprobs [S, decode_block], how many each
-  row emitted [S], and the advanced key.
-  """
-  n_slots, steps = cfg.num_slots, cfg.decode_block
-
-  def cond(c):
-    return (c["step"] < steps) & jnp.any(c["active"])
-
-  def body(c):
-    model = nnx.merge(graphdef, params)
-    key, sub = jax.random.split(c["key"])
-    emit = c["active"]
-    tok = sample_tokens(c["logits"], sub, temperature=temperature, top_p=top_p, top_k=top_k,
-                        min_p=min_p, row_keys=position_keys(seed_data, c["lengths"]),
-                        seeded=seeded)
-    logp = token_logprobs(c["logits"], tok, temperature)
-    # Feed every emitted token (the stop token too) so the cache holds the whole history.
-    hidden, cache = model.hidden_states(tok[:, None], positions=c["lengths"][:, None],
-                                        cache=c["cache"], valid=emit[:, None],
-                                        attend_span=span)
-    logits = jnp.where(emit[:, None], _logits(model, hidden[:, 0]), c["logits"])
-    budget = c["budget"] - emit
-    stopped = jnp.any(tok[:, None] == stop_ids, axis=-1)
-    column = (0, c["step"])
-    return dict(
-        step=c["step"] + 1, key=key, cache=cache, logits=logits, lengths=c["lengths"] + emit,
-        budget=budget, active=emit & ~stopped & (budget > 0),
-        tok=jax.lax.dynamic_update_slice(c["tok"], jnp.where(emit, tok, 0)[:, None], column),
-        logp=jax.lax.dynamic_update_slice(c["logp"], jnp.where(emit, logp, 0.0)[:, None],
-                                          column),
-        n_out=c["n_out"] + emit)
-
-  init = dict(step=jnp.int32(0), key=key, cache=cache, logits=last_logits, lengths=lengths,
-              budget=budget, active=active, tok=jnp.zeros((n_slots, steps), jnp.int32),
-              logp=jnp.zeros((n_slots, steps), jnp.float32),
-              n_out=jnp.zeros((n_slots,), jnp.int32))
-  c = jax.lax.while_loop(cond, body, init)
-  return (c["cache"], c["logits"], c["lengths"], c["active"], c["budget"], c["tok"], c["logp"],
-          c["n_out"], c["key"])
