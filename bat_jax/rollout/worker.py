@@ -146,7 +146,10 @@ class EngineWorker:
         self._control = None
         _resolve(fut, lambda: fn(self.engine))
     closed = RuntimeError("the engine worker was closed")
-    for fut in [r.future for r in self._running] + [self._control[2]] * bool(self._control):
+    waiting = [r.future for r in self._running]
+    if self._control is not None:
+      waiting.append(self._control[2])
+    for fut in waiting:
       fut.set_exception(closed)
 
   def _take_jobs(self) -> bool:

@@ -10,8 +10,8 @@ from flax import nnx
 
 from bat_jax import sharding
 from bat_jax.model import ModelConfig, build_model, load_pretrained
-from bat_jax.model.attention import (AttentionMask, attend, causal_block_attention,
-                                     resolve_impl)
+from bat_jax.model.attention import (AttentionMask, attend, attend_cached,
+                                     causal_block_attention, resolve_impl)
 from bat_jax.model.decoder import with_attention_impl
 from bat_jax.model.layers import Attention
 from hf_fixtures import (build_torch_model, jit_call, qwen3_5_text_config, qwen3_config,
@@ -97,6 +97,27 @@ def test_cache_mask_chunked_matches_dense_with_ragged_lengths():
   query_ok = jnp.arange(t)[None, :] < n_valid[:, None]
   _check_against_reference(q, k, v, mask, query_ok, [
       ("xla", {}), ("chunked", dict(block_size=4))])
+
+
+@pytest.mark.parametrize("impl", ["xla", "chunked"])
+@pytest.mark.parametrize("t", [1, 5])
+def test_attention_over_the_cache_layout_matches_dense(impl, t):
+  """`attend_cached` reads key [B, K, Dh, S] / value [B, K, S, Dh] (the `KVCache` layout) and
+  equals the dense oracle on the same keys, decode (t = 1) and prefill chunks, with GQA
+  (4 query heads on 2 kv heads: a wrong group fold would pair a query with the wrong head)."""
+  b, s = 3, 24
+  q, k, v = _qkv(b, t, s, 4, 2, 8, seed=3 + t)
+  start = jnp.asarray([0, 9, 18])
+  n_valid = jnp.asarray([t, max(t - 2, 1), t])
+  counts = jnp.minimum(jnp.arange(1, t + 1)[None, :], n_valid[:, None])
+  slots = start[:, None] + counts - 1
+  mask = AttentionMask.for_cache(slots, start + n_valid, s)
+  query_ok = np.asarray(jnp.arange(t)[None, :] < n_valid[:, None])
+  out = jax.jit(lambda q, kt, v: attend_cached(q, kt, v, mask, impl=impl, block_size=8))(
+      q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3))
+  assert out.shape == q.shape and bool(jnp.all(jnp.isfinite(out)))
+  expected = np.asarray(reference_attention(q, k, v, mask))
+  np.testing.assert_allclose(np.asarray(out)[query_ok], expected[query_ok], atol=1e-5)
 
 
 def test_chunked_keeps_fully_masked_rows_finite():
