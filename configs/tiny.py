@@ -8,8 +8,8 @@ tokenizer.
 
 Everything stays on one host, on CPU: the in-process JAX rollout engine, a spawned Stage Bank and
 the built-in evaluator. Sizes aim at 15 minutes on 2 otherwise idle CPU cores and do not reach
-it yet: the base alone is ~8 min (cached after the first run), and the whole run measured in
-experiments/README.md ("The default main job"). `smoke` shrinks every phase to a few steps (a
+it yet: ~20 min with nothing cached, the base ~8 min of it (cached after the first run), as
+measured in experiments/README.md ("The default main job"). `smoke` shrinks every phase to a few steps (a
 2-layer, 64-wide model from scratch, 120 SFT steps so its calls are well formed and GRPO applies
 updates), and the end-to-end test runs it with `base` (`smoke,base`: a 4-step tiny-base
 pretraining first). The recipe's *structure* (4/2/2

@@ -183,9 +183,12 @@ def _document_text(seed: int, index: int, attempt: int) -> str:
 def _first_clean(text: Callable[[int], str], index: int, checker: Any,
                  redraws: dict[int, int]) -> Optional[int]:
   """The first attempt whose `text(attempt)` the leak check accepts (None: none of
-  `MAX_REDRAWS`). Random values can spell a held-out marker (4 echoes in 20,000 did; so did a
-  facts line's `class: c4; list:`); a redraw goes into `redraws` (-1: skipped), so a reused
-  base re-checks exactly the text it was trained on."""
+  `MAX_REDRAWS`). Random pieces spell what the check refuses: ~1,680 of the default base's
+  ~38,500 echoes look like host paths (`/plan`, `</think>`: the same for every run), and a few
+  texts spell the building run's held-out markers (document 8939 for most runs' cells; one more
+  echo for some), so the base a fresh cache builds can depend on the building run's cells. A
+  redraw goes into `redraws` (-1: skipped), so a reused base re-checks exactly the text it was
+  trained on."""
   for attempt in range(MAX_REDRAWS):
     if not checker.check_row({"text": text(attempt)}, index=index, pool="pretrain"):
       if attempt:
