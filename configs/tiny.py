@@ -8,7 +8,7 @@ tokenizer.
 
 Everything stays on one host, on CPU: the in-process JAX rollout engine, a spawned Stage Bank and
 the built-in evaluator. Sizes aim at 15 minutes on 2 otherwise idle CPU cores and do not reach
-it yet: ~20 min with nothing cached, the base ~8 min of it (cached after the first run), as
+it yet: ~18 min with nothing cached, the base ~6.5 min of it (cached after the first run), as
 measured in experiments/README.md ("The default main job"). `smoke` shrinks every phase to a few steps (a
 2-layer, 64-wide model from scratch, 120 SFT steps so its calls are well formed and GRPO applies
 updates), and the end-to-end test runs it with `base` (`smoke,base`: a 4-step tiny-base
@@ -209,7 +209,7 @@ def _tiny_base(c: ml_collections.ConfigDict) -> None:
   """The default (`base`): random init, then the tiny base's pretraining on the generated corpus
   (bat_jax.pretrain, cached by its config hash), the analogue of a pretrained checkpoint.
   Its probe copy accuracy is 0.41-0.52 exact (0.81-0.86 of values) after
-  100 + 150 echo + 900 corpus steps, an ~8 min build on an idle box (cached); on it the held-out
+  100 + 150 echo + 900 corpus steps, a 6.5-8 min build on an idle box (cached); on it the held-out
   scores after SFT are S1-S5 1.000 / 0.905 / 0.639 / 0.381 / 0.095 and GRPO moves them
   (experiments/README.md, "The main job on the redesigned world")."""
   c.model.source = "tiny_base"
