@@ -83,10 +83,11 @@ SMOKE_OVERRIDES = {
     "pretrain.batch_size": 4,
     "pretrain.seq_len": 128,
     "pretrain.probes": 8,
-    # Enough SFT for well-formed calls (loss ~0.1 at 120 steps of a 64-wide model at a held
-    # 1e-2), so a group's samples can differ and GRPO applies an update: at 2 steps (or 40 of
-    # a 32-wide model) every turn was malformed and every group tied at reward 0.
-    "sft.steps": 120,
+    # Enough SFT for calls that earn reward, so a group's samples can differ and GRPO applies
+    # an update: at 2 steps (or 40 of a 32-wide model) every turn was malformed and every group
+    # tied at reward 0; at 120 (loss ~0.1-0.2) some builds' policy still earned 0 in all 64
+    # rollouts of `smoke,base`, at 200 the same build's rollouts earn 0.3-0.4 on average.
+    "sft.steps": 200,
     "sft.lr": 1e-2,
     "sft.warmup_steps": 0,
     "sft.schedule": "constant",
@@ -99,16 +100,18 @@ SMOKE_OVERRIDES = {
     "sft.checkpoint.every": 1,
     "grpo.rounds": 2,
     "grpo.steps_per_round": 2,
-    "grpo.prompt_groups": 2,
-    "grpo.group_size": 2,
+    # 4 groups of G=4: with 2 of G=2 every group of a step tied (all 0) often enough that the 4
+    # steps applied no update in some runs (each turn's sampling seed decides which).
+    "grpo.prompt_groups": 4,
+    "grpo.group_size": 4,
     "grpo.checkpoint.every": 1,
     "rollout.limits.max_turn_tokens": 64,   # a plan call with its thought (~55 tokens)
     "rollout.limits.max_assistant_turns": 2,
     "rollout.limits.max_tool_calls": 1,
     "rollout.limits.max_response_tokens": 128,
     "rollout.limits.max_context_tokens": 1024,
-    "rollout.max_concurrent_trajectories": 4,
-    "rollout.jax.batch_size": 8,
+    "rollout.max_concurrent_trajectories": 16,
+    "rollout.jax.batch_size": 16,
     "rollout.jax.max_len": 1024,
     "stagebank.n_batches": 1,
     "evaluator.workers": 7,

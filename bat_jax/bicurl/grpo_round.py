@@ -7,8 +7,9 @@ The round starts from the last promoted policy with a fresh optimizer, keeps the
 round's step log and phase times) every `grpo.checkpoint.every` steps. The shared
 `bat_jax.train.Trainer` owns the state, the compiled programs and the resume loop; this module
 supplies the loss and the batches (`RoundBatches`). Rollouts are replayable: before step
-k the engine gets the params of step k and a sampler seed derived from (seed, round, k), so a
-run killed mid-round and restarted reproduces the same trajectories and the same params.
+k the engine gets the params of step k, and every turn samples with a seed derived from
+(seed, round, k, its state_id, continuation and turn), so a run killed mid-round and restarted
+reproduces the same trajectories and the same params however the turns were batched.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from flax import nnx
 
 from bat_jax.run_config import RunConfig
 from bat_jax.bicurl import multihost
+from bat_jax.bicurl.policy import worker_step_tokens
 from bat_jax.grpo import GrpoConfig, group_advantages
 from bat_jax.grpo.advantages import valid_group_members
 from bat_jax.grpo.loss import sampler_gap_stats
@@ -136,7 +138,8 @@ class RoundBatches:
     g.serve(state.params, int(state.step))
     items = multihost.split_groups([RolloutItem.from_row(r) for r in rows],  # this process's
                                    key=lambda item: item.state_id)           # state_ids
-    trajectories = g.agent_loop.run(items, g.cfg.grpo.group_size)
+    trajectories = g.agent_loop.run(items, g.cfg.grpo.group_size,
+                                    seed=g.rollout_seed(int(state.step)))
     g.server.rollouts_done()  # SGLang may free its GPU memory for the train step
     self._t_update = time.monotonic()
     self.seconds["rollout"] += self._t_update - t0
@@ -204,14 +207,20 @@ class GrpoRound:
         server.engine, chat_format,
         task_environments(workspace_root, cfg.sandbox,
                           cache_dir=workspace_root / "boundary_cache"),
-        sampling=cfg.rollout.sampling, limits=cfg.rollout.limits)
+        sampling=cfg.rollout.sampling, limits=cfg.rollout.limits,
+        concurrency=max(1, cfg.rollout.max_concurrent_trajectories),
+        step_tokens=worker_step_tokens(server.engine))
+
+  def rollout_seed(self, step: int) -> int:
+    """The sampler seed of step `step`'s rollouts: the same on a replay of the step."""
+    return derive_seed("rollout", self.cfg.seed, self.round_index, step) & 0x7FFFFFFF
 
   def serve(self, params: Any, step: int) -> None:
     # The sharded train-state params themselves: every process calls `load` (multi-host, the
     # in-process engine takes its host's own copy, an export joins each leaf's spread).
     acting = nnx.merge(self.trainer.graphdef, params, self.trainer.rest)
     self.server.load(acting, f"{round_dirname(self.round_index)}-step{step}")
-    self.server.reseed(derive_seed("rollout", self.cfg.seed, self.round_index, step) & 0x7FFFFFFF)
+    self.server.reseed(self.rollout_seed(step))
 
   def prepare(self, trajectories: list[Trajectory], params: Any
               ) -> tuple[Optional[dict[str, Any]], dict[str, float]]:

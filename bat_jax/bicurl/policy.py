@@ -211,6 +211,13 @@ def make_policy_server(model: nnx.Module, cfg: RunConfig, workdir: Path,
 
 # --- evaluation --------------------------------------------------------------------------------
 
+def worker_step_tokens(engine: Any) -> Optional[int]:
+  """`EngineWorker.step_tokens` for `engine`: the JAX engine continues a session from its
+  cache, so requests join a running batch every EVAL_STEP_TOKENS tokens; other engines
+  (SGLang batches continuously itself) get whole requests."""
+  return EVAL_STEP_TOKENS if isinstance(engine, JaxEngine) else None
+
+
 class _WorkerEngine:
   """The `Engine` interface over an `EngineWorker`: concurrent cells share batched calls."""
 
@@ -265,11 +272,8 @@ def evaluate_policy(cfg: RunConfig, server: PolicyServer,
 def _builtin(cfg: RunConfig, server: PolicyServer, chat_format: ChatFormat,
              records_dir: Path, progress: Optional[Callable[[int, int, dict], None]]
              ) -> dict[str, Any]:
-  # The JAX engine continues a session from its cache, so cells' turns join a running batch
-  # every EVAL_STEP_TOKENS tokens; other engines get whole requests.
-  step_tokens = EVAL_STEP_TOKENS if isinstance(server.engine, JaxEngine) else None
   worker = EngineWorker(server.engine, max_batch=max(1, cfg.rollout.max_concurrent_trajectories),
-                        step_tokens=step_tokens)
+                        step_tokens=worker_step_tokens(server.engine))
   engine = _WorkerEngine(worker)
   greedy = dataclasses.replace(SamplingParams(), temperature=0.0)
 

@@ -1,9 +1,11 @@
 """Multi-turn, token-in / token-out agent loop over sandboxed task workspaces.
 
 For every row (a `RolloutItem`) the loop runs G continuations in parallel, each in its own
-freshly materialised workspace. All live trajectories advance in lockstep: one batched engine
-call per turn, then every requested tool call runs (in a thread pool), then each trajectory
-gets its observation appended as the chat template's token delta. Token-in / token-out:
+freshly materialised workspace and on its own thread: a turn (batched with the other
+trajectories' turns by an `EngineWorker`), its tool calls, the observation appended as the chat
+template's token delta, the next turn. Nothing waits for a batch-mate's turn or tool call, and
+each turn samples with its own seed, so the tokens do not depend on the batching. Token-in /
+token-out:
 
 * generated tokens are kept exactly as the engine returned them (ids and logprobs), loss mask 1;
 * observations are appended as `ChatFormat.encode_observation_delta` tokens, loss mask 0;
@@ -31,11 +33,13 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 from bat_jax import rubric, train_tasks, workflow
 from bat_jax.model.chat_format import ChatFormat
 from bat_jax.rollout.engine import (Completion, Engine, GenerateRequest, PromptTooLongError,
-                                    SamplingParams, generate_isolated)
+                                    SamplingParams)
 from bat_jax.rollout.trajectory import Trajectory
+from bat_jax.rollout.worker import EngineWorker
 from bat_jax.rollout_protocol import (RolloutLimits, calls_over_limit, cut_turn,
                                       error_observation, malformed_call, tool_call_problem)
 from bat_jax.sandbox import SandboxLimits
+from bat_jax.stagebank.rounds import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -154,43 +158,69 @@ class AgentLoop:
     engine: any `Engine` (JAX in process, or SGLang).
     chat_format: `bat_jax.model.chat_format.ChatFormat` of the policy's family.
     make_env: builds the environment of continuation g of an item (see `task_environments`).
-    sampling: temperature / top-p / top-k; `max_new_tokens` and stop ids are set per turn.
+    sampling: temperature / top-p / top-k; `max_new_tokens`, stop ids and the seed are set per
+      turn.
     limits: per-trajectory limits.
-    tool_workers: threads running tool calls (and environment setup / scoring).
+    concurrency: trajectories in flight at once (threads; at most the engine's slots).
+    step_tokens: `EngineWorker` step of a prefix-caching engine (None: whole turns).
   """
 
   def __init__(self, engine: Engine, chat_format: ChatFormat,
                make_env: Callable[[RolloutItem, int], Environment], *,
                sampling: SamplingParams = SamplingParams(temperature=1.0),
-               limits: RolloutLimits = RolloutLimits(), tool_workers: int = 8):
+               limits: RolloutLimits = RolloutLimits(), concurrency: int = 8,
+               step_tokens: Optional[int] = None):
+    if concurrency < 1:
+      raise ValueError(f"concurrency = {concurrency} must be >= 1")
     self.engine = engine
     self.chat_format = chat_format
     self.make_env = make_env
     self.sampling = sampling
     self.limits = limits
-    self.tool_workers = tool_workers
+    self.concurrency = concurrency
+    self.step_tokens = step_tokens
     self._stop_ids = tuple(chat_format.stop_token_ids)
 
-  def run(self, items: Sequence[RolloutItem], group_size: int) -> list[Trajectory]:
-    """G = group_size trajectories per item, ordered item-major."""
+  def run(self, items: Sequence[RolloutItem], group_size: int,
+          seed: int = 0) -> list[Trajectory]:
+    """G = group_size trajectories per item, ordered item-major.
+
+    Each trajectory runs on its own thread (turn, tool calls, next turn), and an
+    `EngineWorker` batches the turns of all of them continuously, so no trajectory waits for
+    another's turn or tool call. Turn k of continuation g samples with its own seed
+    (`turn_seed`): a trajectory's tokens depend on `seed`, the params and its own observations,
+    never on what ran beside it (the JAX engine's rows are batch-invariant), so a replayed step
+    reproduces its rollouts.
+    """
     if group_size < 1:
       raise ValueError(f"group_size = {group_size} must be >= 1")
-    with concurrent.futures.ThreadPoolExecutor(self.tool_workers) as pool:
-      live = list(pool.map(lambda ig: self._start(*ig),
-                           [(item, g) for item in items for g in range(group_size)]))
-      try:
-        while True:
-          active = [s for s in live if not s.done]
-          if not active:
-            break
-          self._turn(active)
-          self._run_tools([s for s in active if not s.done], pool)
-      finally:
-        self.engine.release([s.session for s in live])
-      list(pool.map(self._score, live))
+    threads = max(1, min(self.concurrency, len(items) * group_size))
+    worker = EngineWorker(self.engine, max_batch=threads, step_tokens=self.step_tokens)
+    try:
+      with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        live = self._start_all(items, group_size, pool)
+        try:
+          list(pool.map(lambda s: self._episode(s, worker, seed), live))
+        finally:
+          worker.release([s.session for s in live])
+        list(pool.map(self._score, live))
+    finally:
+      worker.close()
     return [s.traj for s in live]
 
   # -- phases ---------------------------------------------------------------------------------
+
+  def _start_all(self, items: Sequence[RolloutItem], group_size: int,
+                 pool: concurrent.futures.Executor) -> list[_Live]:
+    """Every continuation's start, item-major. Each item's first continuation starts before its
+    others: it runs the expert's earlier stages and caches the boundary (`task_environments`'
+    `cache_dir`), which the other G-1 copy instead of running the same stages concurrently."""
+    firsts = list(pool.map(lambda item: self._start(item, 0), items))
+    others = list(pool.map(lambda ig: self._start(*ig),
+                           [(item, g) for item in items for g in range(1, group_size)]))
+    per_item = group_size - 1
+    return [s for i, first in enumerate(firsts)
+            for s in [first] + others[i * per_item:(i + 1) * per_item]]
 
   def _start(self, item: RolloutItem, g: int) -> _Live:
     session = f"{item.state_id}/{g}/{uuid.uuid4().hex[:8]}"
@@ -214,35 +244,46 @@ class AgentLoop:
       state.finish("error", f"environment setup failed: {type(e).__name__}: {e}")
     return state
 
-  def _turn(self, active: list[_Live]) -> None:
-    """One batched engine call for every live trajectory, then parse each turn."""
-    lim = self.limits
-    ready = []
-    for s in active:
-      budget = min(lim.max_turn_tokens, lim.max_response_tokens - s.traj.num_response_tokens)
-      if lim.max_context_tokens is not None:
-        budget = min(budget, lim.max_context_tokens - len(s.traj.token_ids))
-        if budget < 1:
-          s.finish("context_full")
-          continue
-      ready.append((s, GenerateRequest(
-          tuple(s.traj.token_ids), dataclasses.replace(self.sampling, max_new_tokens=budget,
-                                                stop_token_ids=self._stop_ids),
-          session_id=s.session)))
-    for s, result in zip([s for s, _ in ready], self._generate([r for _, r in ready])):
-      if isinstance(result, Completion) and result.finish_reason == "abort":
-        # The server cut the request (SGLang /abort_request, a weight update that aborts): not
-        # the policy ending its turn, so the partial turn is not kept and nothing is trained.
-        s.finish("aborted", f"the engine aborted the turn after {len(result.output_ids)} tokens")
-      elif isinstance(result, Completion):
-        self._take_turn(s, result)
-      elif isinstance(result, PromptTooLongError):
-        s.finish("context_full")
-      else:
-        s.finish("error", f"engine failed: {type(result).__name__}: {result}")
+  def _episode(self, s: _Live, worker: EngineWorker, seed: int) -> None:
+    """Turns and tool calls of one trajectory until it finishes."""
+    while not s.done:
+      request = self._turn_request(s, seed)
+      if request is None:
+        return
+      try:
+        result: Completion | Exception = worker.submit_generate(request).result()
+      except Exception as e:  # pylint: disable=broad-except
+        result = e
+      self._absorb(s, result)
+      if not s.done:
+        self._run_tools(s)
 
-  def _generate(self, requests: list[GenerateRequest]) -> list[Completion | Exception]:
-    return generate_isolated(self.engine, requests) if requests else []
+  def _turn_request(self, s: _Live, seed: int) -> Optional[GenerateRequest]:
+    """The next turn's request, or None (finished "context_full") when no token fits."""
+    lim = self.limits
+    budget = min(lim.max_turn_tokens, lim.max_response_tokens - s.traj.num_response_tokens)
+    if lim.max_context_tokens is not None:
+      budget = min(budget, lim.max_context_tokens - len(s.traj.token_ids))
+      if budget < 1:
+        s.finish("context_full")
+        return None
+    sampling = dataclasses.replace(
+        self.sampling, max_new_tokens=budget, stop_token_ids=self._stop_ids,
+        seed=turn_seed(seed, s.item.state_id, s.g, s.traj.num_turns))
+    return GenerateRequest(tuple(s.traj.token_ids), sampling, session_id=s.session)
+
+  def _absorb(self, s: _Live, result: Completion | Exception) -> None:
+    """Takes the engine's answer to the turn, or ends the trajectory with the engine's error."""
+    if isinstance(result, Completion) and result.finish_reason == "abort":
+      # The server cut the request (SGLang /abort_request, a weight update that aborts): not
+      # the policy ending its turn, so the partial turn is not kept and nothing is trained.
+      s.finish("aborted", f"the engine aborted the turn after {len(result.output_ids)} tokens")
+    elif isinstance(result, Completion):
+      self._take_turn(s, result)
+    elif isinstance(result, PromptTooLongError):
+      s.finish("context_full")
+    else:
+      s.finish("error", f"engine failed: {type(result).__name__}: {result}")
 
   def _take_turn(self, s: _Live, c: Completion) -> None:
     """Appends the generated tokens and decides what the turn asks for."""
@@ -279,33 +320,29 @@ class AgentLoop:
       s.notes.append(error_observation(
           calls_over_limit(lim.max_tool_calls, len(parsed.actions) - room)))
 
-  def _run_tools(self, states: list[_Live], pool: concurrent.futures.Executor) -> None:
-    """Runs this turn's tool calls, then appends each trajectory's observation delta."""
-    jobs = {(id(s), i): pool.submit(self._call_tool, s, call)
-            for s in states for i, call in enumerate(s.calls)}
-    lim = self.limits
-    for s in states:
-      t = s.traj
-      observations = [jobs[(id(s), i)].result() for i in range(len(s.calls))] + s.notes
-      t.num_tool_calls += len(s.calls)
-      if s.done:  # the sandbox failed during a call
-        continue
-      if t.num_turns >= lim.max_assistant_turns:
-        s.finish("max_turns")
-        continue
-      if t.num_response_tokens >= lim.max_response_tokens:
-        s.finish("max_response_tokens")
-        continue
-      observations = [_clip(o, lim.max_observation_chars) for o in observations]
-      after_stop = bool(t.token_ids) and t.token_ids[-1] == self.chat_format.im_end_id
-      delta = self.chat_format.encode_observation_delta(observations, after_stop=after_stop)
-      if (lim.max_context_tokens is not None
-          and len(t.token_ids) + len(delta) >= lim.max_context_tokens):
-        s.finish("context_full")  # no room for the observation and a next turn
-        continue
-      t.token_ids += delta
-      t.loss_mask += [0] * len(delta)
-      t.sampler_logp += [0.0] * len(delta)
+  def _run_tools(self, s: _Live) -> None:
+    """Runs this turn's tool calls, then appends the trajectory's observation delta."""
+    lim, t = self.limits, s.traj
+    observations = [self._call_tool(s, call) for call in s.calls] + s.notes
+    t.num_tool_calls += len(s.calls)
+    if s.done:  # the sandbox failed during a call
+      return
+    if t.num_turns >= lim.max_assistant_turns:
+      s.finish("max_turns")
+      return
+    if t.num_response_tokens >= lim.max_response_tokens:
+      s.finish("max_response_tokens")
+      return
+    observations = [_clip(o, lim.max_observation_chars) for o in observations]
+    after_stop = bool(t.token_ids) and t.token_ids[-1] == self.chat_format.im_end_id
+    delta = self.chat_format.encode_observation_delta(observations, after_stop=after_stop)
+    if (lim.max_context_tokens is not None
+        and len(t.token_ids) + len(delta) >= lim.max_context_tokens):
+      s.finish("context_full")  # no room for the observation and a next turn
+      return
+    t.token_ids += delta
+    t.loss_mask += [0] * len(delta)
+    t.sampler_logp += [0.0] * len(delta)
 
   def _call_tool(self, s: _Live, call: Mapping[str, Any]) -> str:
     problem = tool_call_problem(call, self.limits)
@@ -338,6 +375,11 @@ class AgentLoop:
     t.stage_items = {k: dict(v) for k, v in score.stage_items.items()}
     t.stage_scores = dict(score.stage_scores)
     t.task_score = score.task_score
+
+
+def turn_seed(seed: int, state_id: str, g: int, turn: int) -> int:
+  """The sampling seed of turn `turn` of continuation `g` of `state_id` (63 bits, stable)."""
+  return derive_seed("turn", seed, state_id, g, turn)
 
 
 def _clip(text: str, max_chars: int) -> str:

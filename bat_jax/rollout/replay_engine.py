@@ -31,7 +31,8 @@ class _TextEncoder(Protocol):
 class ScriptedEngine:
   """An `Engine` that answers turn k of every session with `script(session_index, k)`.
 
-  Sessions are numbered in order of first appearance. Logprobs are distinct (-0.001 * running
+  Sessions are numbered in order of first appearance (an `AgentLoop` with `concurrency` > 1
+  starts its trajectories in a racy order: a script that keys on the session runs it at 1). Logprobs are distinct (-0.001 * running
   count) so tests can check that they land on the right tokens.
 
   Args:

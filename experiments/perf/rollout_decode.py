@@ -100,7 +100,8 @@ def rollout_throughput(model, *, items: int, group: int, max_turns: int,
       return chat_format.render_action(plan[k]) if k < len(plan) else "Done.\n</think>\n\nDone."
     loop = AgentLoop(ScriptedEngine(chat_format, script), chat_format,
                      task_environments(tmp / "expert", cache_dir=tmp / "cache"),
-                     limits=RolloutLimits(max_response_tokens=10 ** 6, max_turn_tokens=10 ** 5))
+                     limits=RolloutLimits(max_response_tokens=10 ** 6, max_turn_tokens=10 ** 5),
+                     concurrency=1)  # the script keys on the sessions' order of appearance
     trajs, seconds = _timed_run(loop, rows, group)
     calls = sum(t.num_tool_calls for t in trajs)
     print(f"rollout expert-script: {len(trajs)} trajectories, {calls} sandboxed calls in "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -54,7 +55,7 @@ def make_loop(chat, script, *, limits=RolloutLimits(), fail_engine=frozenset(), 
     envs[g] = FakeEnv(fail_execute=("execute", g) in env_errors)
     return envs[g]
   engine = ScriptedEngine(chat, script, fail=fail_engine)
-  return AgentLoop(engine, chat, make_env, limits=limits, tool_workers=2), engine, envs
+  return AgentLoop(engine, chat, make_env, limits=limits, concurrency=1), engine, envs
 
 
 def item(state_id: str = "state-a") -> RolloutItem:
@@ -181,6 +182,27 @@ def test_groups_and_collation(chat):
     assert batch["loss_mask"][i].sum() == sum(t.loss_mask)
     assert batch["sampler_logp"][i, :len(t.token_ids)] == pytest.approx(t.sampler_logp)
     assert not batch["loss_mask"][i, len(t.token_ids):].any()
+
+
+def test_an_items_first_continuation_is_set_up_before_its_others(chat):
+  # The first one runs the expert's earlier stages and caches the boundary; started together,
+  # all G would run them (4x the setup of every row).
+  events: list[tuple[str, str, int]] = []
+
+  def make_env(item, g):
+    events.append(("begin", item.state_id, g))
+    time.sleep(0.05)  # long enough for concurrently started siblings to begin meanwhile
+    env = FakeEnv()
+    events.append(("end", item.state_id, g))
+    return env
+  script = lambda s, k: final("Done.")
+  loop = AgentLoop(ScriptedEngine(chat, script), chat, make_env, concurrency=4)
+  trajs = loop.run([item("a"), item("b")], group_size=3)
+  assert [(t.state_id, t.sample_index) for t in trajs] == [
+      ("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
+  for state_id in ("a", "b"):
+    first_done = events.index(("end", state_id, 0))
+    assert all(events.index(("begin", state_id, g)) > first_done for g in (1, 2))
 
 
 def test_policy_agent_answers_the_evaluator_protocol(chat):

@@ -8,7 +8,8 @@ from flax import nnx
 
 from bat_jax import workflow
 from bat_jax.grpo.logprobs import taken_token_logprobs
-from bat_jax.rollout.agent_loop import AgentLoop, RolloutItem, RolloutLimits, task_environments
+from bat_jax.rollout.agent_loop import (AgentLoop, RolloutItem, RolloutLimits, Score,
+                                        task_environments)
 from bat_jax.rollout.engine import SamplingParams
 from bat_jax.rollout.jax_engine import JaxEngine
 from bat_jax.rollout.replay_engine import ScriptedEngine
@@ -34,7 +35,8 @@ def test_expert_script_through_the_loop_earns_the_rubric_reward(chat, tmp_path, 
                          else "Finished.\n</think>\n\nDone.")
   loop = AgentLoop(ScriptedEngine(chat, script), chat,
                    task_environments(tmp_path / "ws", LIMITS, cache_dir=tmp_path / "cache"),
-                   limits=RolloutLimits(max_response_tokens=200_000, max_turn_tokens=20_000))
+                   limits=RolloutLimits(max_response_tokens=200_000, max_turn_tokens=20_000),
+                   concurrency=1)  # the script keys on the session's order of appearance
   expert, idle = loop.run([it], group_size=2)
   assert expert.finish_reason == "agent_stop" and expert.num_tool_calls == len(plan)
   assert expert.reward >= 0.9, expert.stage_items
@@ -65,3 +67,33 @@ def test_jax_engine_rollout_logprobs_match_the_trainer_across_turns(model, chat,
     np.testing.assert_allclose(np.array(t.sampler_logp)[mask], np.asarray(logp[0])[mask],
                                atol=1e-4)
   assert trajs[0].token_ids != trajs[1].token_ids
+
+
+class _Echo:
+  """A tool-less environment (the random policy's turns are cut, so it never calls one)."""
+
+  def execute(self, language, code):
+    raise AssertionError("no tool call expected")
+
+  def score(self):
+    return Score(reward=0.0, stage_items={}, stage_scores={}, task_score=None)
+
+
+def test_sampled_rollouts_do_not_depend_on_the_batching(model, chat):
+  """Each turn samples with its own seed (`turn_seed`) and the engine's rows are batch-invariant,
+  so trajectories run one at a time, or all at once interleaving in 4-token steps, are the same
+  tokens and logprobs: a replayed GRPO step reproduces its rollouts."""
+  items = [RolloutItem(f"s{i}", "S2", "s_mix", ({"role": "user", "content": f"Task {i}."},), None)
+           for i in range(2)]
+
+  def rollout(concurrency: int, step_tokens, seed: int):
+    loop = AgentLoop(JaxEngine(model, LONG_ENGINE), chat, lambda item, g: _Echo(),
+                     sampling=SamplingParams(temperature=1.0),
+                     limits=RolloutLimits(max_assistant_turns=3, max_turn_tokens=7),
+                     concurrency=concurrency, step_tokens=step_tokens)
+    return [(t.token_ids, t.sampler_logp) for t in loop.run(items, group_size=2, seed=seed)]
+
+  alone = rollout(1, None, seed=5)
+  assert rollout(4, 4, seed=5) == alone
+  assert len({tuple(ids) for ids, _ in alone}) == 4  # continuations of a state differ
+  assert rollout(4, 4, seed=6) != alone

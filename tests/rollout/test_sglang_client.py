@@ -248,8 +248,9 @@ def test_agent_loop_over_http_keeps_trainer_logprobs_and_reuses_prefixes(model, 
     httpd.server_close()
     app.close()
   assert [t.num_turns for t in trajs] == [3, 3] and all(t.reward == 0.5 for t in trajs)
-  # Turns after the first continue a cached prefix on the server (no recomputation).
-  assert [c.cached_tokens > 0 for c in engine.completions] == [False, False] + [True] * 4
+  # Turns after the first continue a cached prefix on the server (no recomputation); the two
+  # trajectories' turns interleave in either order.
+  assert sorted(c.cached_tokens > 0 for c in engine.completions) == [False] * 2 + [True] * 4
   for t in trajs:  # the sampler's logprobs are the trainer's at the sampling temperature 0.7
     logp, _ = nnx.jit(lambda m, ids: taken_token_logprobs(m, ids, valid=jnp.ones_like(ids, bool), chunk_size=256,
                                                           temperature=0.7))(
