@@ -8,10 +8,10 @@ tokenizer.
 
 Everything stays on one host, on CPU: the in-process JAX rollout engine, a spawned Stage Bank and
 the built-in evaluator. Sizes aim at 15 minutes on 2 otherwise idle CPU cores and do not reach
-it yet: ~18 min with nothing cached, the base ~6.5 min of it (cached after the first run), as
-measured in experiments/README.md ("The default main job"). `smoke` shrinks every phase to a few steps (a
-2-layer, 64-wide model from scratch, 120 SFT steps so its calls are well formed and GRPO applies
-updates), and the end-to-end test runs it with `base` (`smoke,base`: a 4-step tiny-base
+it yet: 18-19 min with nothing cached, the base 6.5-7.5 min of it (cached after the first run),
+as measured in experiments/README.md ("Rollouts without lockstep"). `smoke` shrinks every phase to
+a few steps (a 2-layer, 64-wide model from scratch, 200 SFT steps and 4 x 4 rollouts a step so
+its rollouts earn reward and GRPO applies updates), and the end-to-end test runs it with `base` (`smoke,base`: a 4-step tiny-base
 pretraining first). The recipe's *structure* (4/2/2
 pool mix, gate thresholds, argmin curriculum, GRPO loss settings) is the reference's; only the
 scale shrinks. What makes the world learnable at this scale (experiments/README.md, "Levers"):
