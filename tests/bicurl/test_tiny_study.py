@@ -102,3 +102,17 @@ def test_study_validates_every_run_before_starting(tmp_path, capsys):
   err = capsys.readouterr().err
   assert "nothing started" in err and "argmin seed 0: --config.grpo.stepz=1: no config field" in err
   assert not root.exists()
+
+
+def test_study_runs_evaluate_15_cells_per_track_unless_overridden(tmp_path):
+  from bat_jax.config_loading import load_config
+  runs = tiny_study.study_runs(tmp_path, ["argmin", "uniform"], [0, 3], [])
+  assert [(r.label, r.seed) for r in runs] == [("argmin", 0), ("argmin", 3), ("uniform", 0),
+                                               ("uniform", 3)]
+  cfg = load_config(tiny_study.CONFIG, runs[1].overrides)
+  assert cfg.evaluator.cells_per_track == 15 and cfg.seed == 3
+  assert cfg.curriculum.mode == "argmin" and cfg.stagebank.seed == 3
+  shared = tiny_study.study_runs(tmp_path, ["uniform"], [0],
+                                 ["--config.evaluator.cells_per_track=4"])
+  assert load_config(tiny_study.CONFIG, shared[0].overrides).evaluator.cells_per_track == 4
+  assert tiny_study.SEEDS.split(",") == ["0", "1", "2", "3", "4"]

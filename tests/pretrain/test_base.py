@@ -223,3 +223,34 @@ def test_a_run_whose_cells_refuse_the_cached_base_builds_its_own(tokenizer_dir, 
   assert again_dir == own_dir and again["cache_hit"]
   with pytest.raises(ValueError, match="pretraining document 4 .*leak check"):
     ensure(_Checker(bad_index=4), "cells-c")   # its own base refused too: fail closed
+
+
+def test_the_probe_scores_each_target_token_against_the_models_next_token(tokenizer_dir,
+                                                                         tmp_path, monkeypatch):
+  """Teacher-forced probe: a model whose next token is always right scores 1.0 (long repeated
+  lists included, which a fixed 48-token decode budget cut short); one wrong token in a call
+  fails that call and only that one; an argmax shifted by one position scores 0."""
+  from bat_jax.pretrain import corpus
+  tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
+  pcfg = _pcfg(tmp_path, probes=24)
+  docs = corpus.documents(pcfg.seed + base.PROBE_SEED_OFFSET, 0, pcfg.probes)
+  encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
+  assert max(len(encode(corpus.plain_text(d)[1])) for d in docs) > 48   # a long list is probed
+  oracle = lambda model, tokens, lengths: np.roll(tokens, -1, axis=1)     # the true next token
+  monkeypatch.setattr(base, "next_token_argmax", oracle)
+  probe = base.probe_copy(None, tokenizer, pcfg, 0)
+  assert probe["copy_accuracy"] == 1.0 and probe["value_accuracy"] == 1.0
+  assert probe["example"]["predicted"] == probe["example"]["expected"]
+
+  first = encode(corpus.plain_text(docs[0])[0])    # document 0's context, then its call
+
+  def one_wrong(model, tokens, lengths):
+    out = oracle(model, tokens, lengths)
+    out[0, len(first) + 2] = (out[0, len(first) + 2] + 1) % len(tokenizer)   # inside the call
+    return out
+
+  monkeypatch.setattr(base, "next_token_argmax", one_wrong)
+  probe = base.probe_copy(None, tokenizer, pcfg, 0)
+  assert probe["copy_accuracy"] == (pcfg.probes - 1) / pcfg.probes
+  monkeypatch.setattr(base, "next_token_argmax", lambda m, t, l: t)       # off by one
+  assert base.probe_copy(None, tokenizer, pcfg, 0)["copy_accuracy"] == 0.0
