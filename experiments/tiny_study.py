@@ -125,25 +125,40 @@ def run_study(root: Path, runs: Sequence[sweep.Run], parallel: int,
 # --- the study's own tables (the scores table and the plot are the sweep's) ---------------------
 
 def _final_overall(report: dict[str, Any]) -> float:
+  """The last round's candidate, promoted or not."""
   return report["evaluations"][-1]["overall"]
 
 
-def final_table(reports: sweep.Reports, reference: str = "uniform") -> list[str]:
-  """Final held-out overall per mode, its gain over the mode's own SFT policy, and the paired
-  difference to `reference` over the seeds both finished (same cold start, so the pairing
-  removes the seed's SFT luck from the comparison)."""
-  lines = ["## Final held-out overall per mode", "",
-           f"| mode | seeds | final overall | final - SFT | final - {reference} (paired) |",
-           "|---|---:|---:|---:|---:|"]
+def _accepted_overall(report: dict[str, Any]) -> float:
+  """The policy the run hands on: the last one the gate promoted (`baseline`; SFT if none)."""
+  return next(e["overall"] for e in report["evaluations"] if e["policy"] == report["baseline"])
+
+
+def _mode_rows(reports: sweep.Reports, score, reference: str) -> list[str]:
   base = reports.get(reference, {})
+  lines = []
   for mode, by_seed in reports.items():
-    finals = [_final_overall(r) for r in by_seed.values()]
-    gains = [_final_overall(r) - r["evaluations"][0]["overall"] for r in by_seed.values()]
-    paired = [_final_overall(r) - _final_overall(base[s]) for s, r in by_seed.items()
-              if s in base]
+    finals = [score(r) for r in by_seed.values()]
+    gains = [score(r) - r["evaluations"][0]["overall"] for r in by_seed.values()]
+    paired = [score(r) - score(base[s]) for s, r in by_seed.items() if s in base]
     lines.append(f"| {mode} | {len(finals)} | {_pm(finals)} | {_pm(gains)} | "
                  f"{_pm(paired) if mode != reference else '-'} |")
-  return lines + [""]
+  return lines
+
+
+def final_table(reports: sweep.Reports, reference: str = "uniform") -> list[str]:
+  """Per mode, the held-out overall of the last round's candidate and of the accepted policy
+  (what the gate let through), each with its gain over the mode's own SFT policy and its paired
+  difference to `reference` over the seeds both finished (same cold start, so the pairing
+  removes the seed's SFT luck from the comparison)."""
+  lines = []
+  for title, score, what in (("Final held-out overall per mode", _final_overall, "final"),
+                             ("Accepted policy's held-out overall per mode", _accepted_overall,
+                              "accepted")):
+    lines += [f"## {title}", "",
+              f"| mode | seeds | {what} overall | {what} - SFT | {what} - {reference} (paired) |",
+              "|---|---:|---:|---:|---:|"] + _mode_rows(reports, score, reference) + [""]
+  return lines
 
 
 def _target_lines(reports: sweep.Reports) -> list[str]:

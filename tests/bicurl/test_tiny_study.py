@@ -16,7 +16,7 @@ def _report(overall, target_scores, applied):
   return {"evaluations": evals, "rounds": [{"grpo_steps": 2, "reward_mean": 0.3}],
           "target_before_after": [{"round": 0, "target": "S3", "before": target_scores[0],
                                    "after": target_scores[1]}],
-          "grpo_steps_applied": applied, "grpo_steps_total": 2}
+          "grpo_steps_applied": applied, "grpo_steps_total": 2, "baseline": "sft"}
 
 
 def test_fork_copies_the_cold_start_and_resets_the_outer_state(tmp_path):
@@ -68,6 +68,18 @@ def test_final_table_pairs_each_mode_with_uniform_by_seed():
   md = tiny_study.markdown(reports)
   assert "| argmin | 3 | 0.667 ± 0.120 | 0.433 ± 0.186 | 0.100 ± 0.100 |" in md
   assert "| uniform | 2 | 0.450 ± 0.150 | 0.150 ± 0.050 | - |" in md
+  # Accepted: the gate promoted nothing in these reports, so every mode hands on its SFT policy.
+  accepted = md[md.index("## Accepted policy's"):]
+  assert "| argmin | 3 | 0.233 ± 0.088 | 0.000 ± 0.000 | 0.000 ± 0.000 |" in accepted
+
+
+def test_accepted_table_follows_the_gate():
+  held = _report([0.3, 0.6], [0.1, 0.5], 2)            # candidate 0.6, held: hands on SFT 0.3
+  promoted = dict(_report([0.3, 0.4], [0.1, 0.5], 2), baseline="round_000000")
+  md = tiny_study.markdown({"argmin": {0: promoted}, "uniform": {0: held}})
+  final, accepted = md.split("## Accepted policy's")
+  assert "| argmin | 1 | 0.400 | 0.100 | -0.200 |" in final   # last candidates: 0.4 vs 0.6
+  assert "| argmin | 1 | 0.400 | 0.100 | 0.100 |" in accepted  # handed on: 0.4 vs SFT 0.3
 
 
 def _round(mode):
