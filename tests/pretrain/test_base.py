@@ -254,3 +254,21 @@ def test_the_probe_scores_each_target_token_against_the_models_next_token(tokeni
   assert probe["copy_accuracy"] == (pcfg.probes - 1) / pcfg.probes
   monkeypatch.setattr(base, "next_token_argmax", lambda m, t, l: t)       # off by one
   assert base.probe_copy(None, tokenizer, pcfg, 0)["copy_accuracy"] == 0.0
+
+
+def test_next_token_argmax_at_each_position_is_the_greedy_next_token_of_its_prefix():
+  """The teacher-forced probe rests on causality: the argmax at position p of one forward pass
+  over the whole row is the token greedy decoding would emit after the prefix up to p (checked
+  against a forward over the prefix alone, on a real model with attention and DeltaNet layers,
+  rows of different lengths padded in one batch)."""
+  model = _build()
+  rng = np.random.default_rng(0)
+  lengths = np.array([20, 9])
+  tokens = rng.integers(3, HF["vocab_size"], size=(2, 20)).astype(np.int32)   # [P, W]
+  argmax = base.next_token_argmax(model, tokens, lengths)
+  assert argmax.shape == tokens.shape
+  for i, length in enumerate(lengths):
+    for p in (length // 2, length - 1):
+      prefix = tokens[i:i + 1, :p + 1]
+      logits = np.asarray(model(jax.numpy.asarray(prefix)))                      # [1, p+1, V]
+      assert argmax[i, p] == logits[0, -1].argmax(), (i, p)
