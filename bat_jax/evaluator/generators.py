@@ -33,11 +33,9 @@ from bat_jax.taskkit import TrackFamily, toolspace
 from bat_jax.taskkit.base import opaque_task_id
 
 TIERS: tuple[str, ...] = ("lite", "standard")
-GENERATOR_VERSION = "heldout-v1"
+GENERATOR_VERSION = "heldout-v2"  # v2: stage-tools ids draw all ten digits
 # Spec scaffolding the standard tier withholds (the public workflow still defines all of it).
 STANDARD_WITHHELD: tuple[str, ...] = ("artifacts", "record_fields", "receipt", "known_faults")
-# The held-out half of the stage tools' short ids (toolspace._short_ids); training has 0.
-HELDOUT_ID_PARITY = 1
 
 HELDOUT_NAMES = NamePool(
     salt="heldout-teacher-v1",
@@ -230,6 +228,6 @@ def generate(track: str, seed: int, outcome: str, tier: str,
   instance = dataclasses.replace(base, task_id=task_id, files=files)
   rng = random.Random(f"{digest}|{tier}")
   if action_space == "stage_tools":
-    instance = toolspace.with_stage_tools(instance, HELDOUT_ID_PARITY)
+    instance = toolspace.with_stage_tools(instance)
     return dataclasses.replace(instance, brief=_tools_brief(instance, rng))
   return dataclasses.replace(instance, brief=_brief(instance, tier, rng))

@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from bat_jax import workflow
 from bat_jax.stagebank import grid
@@ -156,8 +156,19 @@ class SftSpec:
             "stop_rows": self.stop_rows}
 
 
-def synthesize(spec: SftSpec, *, sandbox_limits: Any = None,
-               workers: int = 1) -> Iterator[dict[str, Any]]:
+class SftLeakError(RuntimeError):
+  """The leak check refused too many SFT tasks (or every draw of one): nothing is published."""
+
+
+# A task whose rows the leak check refuses is drawn again (another task seed), at most this many
+# times; more than `MAX_REDRAWN_SHARE` of the tasks refused is a generator that leaks, not chance.
+MAX_REDRAWS = 8
+MAX_REDRAWN_SHARE = 0.01
+
+
+def synthesize(spec: SftSpec, *, sandbox_limits: Any = None, workers: int = 1,
+               checker: Optional[leakcheck.LeakChecker] = None,
+               redraws: Optional[dict[str, int]] = None) -> Iterator[dict[str, Any]]:
   """Generates every SFT row of `spec`, running the expert actions in sandboxes.
 
   One task is generated per (track, outcome, i) and shared by all of its foci, so the boundary
@@ -167,6 +178,11 @@ def synthesize(spec: SftSpec, *, sandbox_limits: Any = None,
   their E2E focus's rows alone. `workers` tasks are synthesised at
   once on threads (a task's time is mostly sandbox start-up and waits, not Python); the rows
   come out in the same order for any `workers`.
+
+  With a `checker`, a task any of whose rows it refuses is drawn again (`MAX_REDRAWS`), and
+  `redraws` gets `"track/outcome/i" -> the attempt kept`: a generated task can spell a held-out
+  marker by chance (a fuzzy match over its names and ids, ~1 task in 5,000), and one such task
+  must not end the run.
   """
   from bat_jax.sandbox import SandboxLimits
   limits = sandbox_limits if sandbox_limits is not None else SandboxLimits()
@@ -176,7 +192,7 @@ def synthesize(spec: SftSpec, *, sandbox_limits: Any = None,
   jobs = [(track, outcome, sorted(states, key=lambda s: workflow.FOCI.index(s.focus)), i)
           for (track, outcome), states in cells.items()
           for i in range(spec.tasks_per_state + spec.first_action_tasks + spec.e2e_tasks)]
-  one_task = lambda job: _one_task_rows(spec, limits, *job)
+  one_task = lambda job: _clean_task_rows(spec, limits, job, checker, redraws)
   if workers <= 1:
     for job in jobs:
       yield from one_task(job)
@@ -186,11 +202,30 @@ def synthesize(spec: SftSpec, *, sandbox_limits: Any = None,
       yield from rows
 
 
+def _clean_task_rows(spec: SftSpec, limits: Any, job: tuple, checker: Any,
+                     redraws: Optional[dict[str, int]]) -> list[dict[str, Any]]:
+  """`_one_task_rows` of `job`, drawn again while `checker` refuses any of its rows."""
+  if checker is None:
+    return _one_task_rows(spec, limits, *job)
+  track, outcome, _, i = job
+  for attempt in range(MAX_REDRAWS):
+    rows = _one_task_rows(spec, limits, *job, attempt=attempt)
+    if not any(checker.check_row(r, index=n, pool=SFT_POOL) for n, r in enumerate(rows)):
+      if attempt and redraws is not None:
+        redraws[f"{track}/{outcome}/{i}"] = attempt
+      return rows
+  raise SftLeakError(f"SFT task {track}/{outcome}/{i} (seed {spec.seed}): the leak "
+                                 f"check refused all {MAX_REDRAWS} draws")
+
+
 def _one_task_rows(spec: SftSpec, limits: Any, track: str, outcome: str,
-                   states: Sequence[grid.GridState], i: int) -> list[dict[str, Any]]:
-  """The rows of task `i` of one (track, outcome) cell over its foci (`states`, in order)."""
+                   states: Sequence[grid.GridState], i: int, attempt: int = 0
+                   ) -> list[dict[str, Any]]:
+  """The rows of task `i` of one (track, outcome) cell over its foci (`states`, in order);
+  `attempt` > 0 draws another task (one the leak check refused: `_clean_task_rows`)."""
   from bat_jax import train_tasks  # deferred: the bank's CLI must start without the task families
-  task_seed = rounds.derive_seed(SFT_POOL, spec.seed, track, outcome, i) & 0x7FFFFFFF
+  redraw = (attempt,) if attempt else ()   # attempt 0 keeps the seeds of sets built before
+  task_seed = rounds.derive_seed(SFT_POOL, spec.seed, track, outcome, i, *redraw) & 0x7FFFFFFF
   instance = train_tasks.generate(track, task_seed, outcome, spec.action_space)
   row = functools.partial(_task_rows, train_tasks, instance, task_seed=task_seed, index=i,
                           seed=spec.seed)
@@ -238,13 +273,24 @@ def _task_rows(tasks_module: Any, instance: Any, state: grid.GridState,
 def build_sft_set(out_dir: Path, spec: SftSpec, checker: leakcheck.LeakChecker, *,
                   sandbox_limits: Any = None, workers: int = 1) -> Path:
   """Synthesises (`workers` tasks at once), leak-checks (fail-closed) and atomically publishes
-  an SFT set to `out_dir`."""
-  rows = list(synthesize(spec, sandbox_limits=sandbox_limits, workers=workers))
+  an SFT set to `out_dir`. A task the check refuses is drawn again (`synthesize`; the manifest's
+  `redraws`), at most `MAX_REDRAWN_SHARE` of them; the whole set is then checked once more and
+  any refused row rejects it."""
+  redraws: dict[str, int] = {}
+  rows = list(synthesize(spec, sandbox_limits=sandbox_limits, workers=workers, checker=checker,
+                         redraws=redraws))
+  tasks = len({r["metadata"]["workspace_recipe"]["seed"] for r in rows})
+  if len(redraws) > max(1, MAX_REDRAWN_SHARE * tasks):
+    raise SftLeakError(
+        f"the leak check refused {len(redraws)} of {tasks} SFT tasks (at most "
+        f"{MAX_REDRAWN_SHARE:.0%} are redrawn): the training generator emits held-out content; "
+        f"redrawn: {sorted(redraws)[:10]}")
   receipt = checker.check_rows((SFT_POOL, r) for r in rows)
   if not receipt.passed:
     raise leakcheck.RoundRejected(receipt)
   return shards.publish_dir(Path(out_dir), {SFT_POOL: rows}, {
-      "kind": "sft", "config": spec.to_json(), "leak_receipt": receipt.to_json()})
+      "kind": "sft", "config": spec.to_json(), "leak_receipt": receipt.to_json(),
+      "redraws": dict(sorted(redraws.items()))})
 
 
 def load_sft_rows(sft_dir: Path) -> list[dict[str, Any]]:

@@ -89,7 +89,7 @@ def _lesion_cases(ctx: SampleContext, max_lesions: int, rects: bool,
 class ClassificationFamily(TrackFamily):
   track = "classification"
   runner = classification
-  objective = "Assign every case one of the model's class labels."
+  objective = "Assign every case one of the labels its model card lists."
 
   def sample(self, ctx: SampleContext) -> CaseData:
     rng = ctx.rng

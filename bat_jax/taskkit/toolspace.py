@@ -15,9 +15,13 @@ earlier observation names (validate prints `fault=... subject=...`).
 The facts a call copies are short task ids (`card: c4; weights: w8; data: d2; ...`; the spec's
 `ids` maps each to the real path or list, and the tools resolve them): a path such as
 `models/helix-seg-4/card.json` is 9-17 pieces to a 1k-token tokenizer, different for every model
-name, while ` c4` is always a letter and one digit, so copying it is one look-up. Each side has
-its own digits (`id_parity`: training even, held-out odd), so training and held-out ids never
-coincide; within a side the digit is drawn per task and kind, so it cannot be memorised.
+name, while ` c4` is always a letter and one digit, so copying it is one look-up. The digit is
+drawn per task and kind from all ten, on both sides: a memorised id is right one time in ten on
+training and held-out tasks alike, so only copying pays, and the held-out ids are tokens the
+policy has written in training. (Until 2026-12-05 training drew even digits and held-out odd
+ones: the SFT policy then wrote an even digit where a held-out brief said an odd one, and the same
+policy scored S5 0.111 on its held-out cells and 0.444 on the same cells with even ids;
+experiments/README.md, "One digit set for both sides".)
 """
 
 from __future__ import annotations
@@ -70,17 +74,15 @@ def _values(instance: TaskInstance) -> dict[str, str]:
           "submission": spec["submission"]["path"]}
 
 
-def _short_ids(task_id: str, id_parity: int) -> dict[str, str]:
-  """kind -> `<letter><digit>`, the digit drawn by (task, kind) among those of parity `id_parity`.
+def _short_ids(task_id: str) -> dict[str, str]:
+  """kind -> `<letter><digit>`, the digit drawn by (task, kind) from all ten.
 
   One digit, not two: a from-scratch 128-wide policy did not learn to copy two-digit ids in 250
   SFT steps (it emitted one memorised id: exact 1 of 32 validation calls, experiments/README.md),
-  while a sampled one-of-5 digit is right often enough for GRPO groups to differ.
+  while a sampled one-of-10 digit is right often enough for GRPO groups to differ.
   """
-  digits = [d for d in range(10) if d % 2 == id_parity]
   digest = lambda kind: int(hashlib.sha256(f"{task_id}|{kind}".encode()).hexdigest(), 16)
-  return {kind: f"{letter}{digits[digest(kind) % len(digits)]}"
-          for kind, letter in ID_LETTERS.items()}
+  return {kind: f"{letter}{digest(kind) % 10}" for kind, letter in ID_LETTERS.items()}
 
 
 def short_id(instance: TaskInstance, value: Any) -> Any:
@@ -109,16 +111,11 @@ def task_facts(instance: TaskInstance) -> str:
   return "; ".join(f"{k}: {v}" for k, v in facts(instance).items())
 
 
-def with_stage_tools(instance: TaskInstance, id_parity: int) -> TaskInstance:
-  """The stage-tools variant of a `code` task (same task; tools, usage and short ids added).
-
-  `id_parity` (0 or 1) picks the side's half of the short-id numbers (`_short_ids`).
-  """
+def with_stage_tools(instance: TaskInstance) -> TaskInstance:
+  """The stage-tools variant of a `code` task (same task; tools, usage and short ids added)."""
   if instance.action_space != "code":
     raise ValueError(f"{instance.task_id}: already in action space {instance.action_space!r}")
-  if id_parity not in (0, 1):
-    raise ValueError(f"id_parity must be 0 or 1, got {id_parity!r}")
-  values, ids = _values(instance), _short_ids(instance.task_id, id_parity)
+  values, ids = _values(instance), _short_ids(instance.task_id)
   spec = dict(instance.spec, stage_tools=dict(workflow.STAGE_TOOLS),
               ids={ids[kind]: values[kind] for kind in ID_LETTERS})
   files = dict(instance.files)

@@ -29,9 +29,6 @@ TRAIN_NAMES = NamePool(
             "fibrotic", "edema", "atelectasis", "granuloma", "effusion"),
 )
 
-# The training side's half of the stage tools' short ids (toolspace._short_ids); held-out has 1.
-TRAIN_ID_PARITY = 0
-
 FAMILIES: dict[str, TrackFamily] = {
     track: family_type(TRAIN_NAMES, make_brief) for track, family_type in FAMILY_TYPES.items()}
 
@@ -43,6 +40,6 @@ def generate(track: str, seed: int, outcome: str, action_space: str = "code") ->
     raise ValueError(f"unknown track {track!r}; expected one of {workflow.TRACKS}")
   instance = FAMILIES[track].generate(seed, outcome)
   if action_space == "stage_tools":
-    instance = toolspace.with_stage_tools(instance, TRAIN_ID_PARITY)
+    instance = toolspace.with_stage_tools(instance)
     instance = dataclasses.replace(instance, brief=tools_brief(instance))
   return instance

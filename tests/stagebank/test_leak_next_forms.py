@@ -13,7 +13,7 @@ import random
 import pytest
 from test_leak_adversarial import _heldout, _row, _training_strings
 
-from bat_jax import marker_fuzzy, marker_tables, markers
+from bat_jax import marker_fuzzy, marker_tables, markers, workflow
 from bat_jax.evaluator import markers_export
 from bat_jax.stagebank import build, leakcheck
 
@@ -227,3 +227,20 @@ def test_hex_ids_do_not_match_leet_folds():
   m = markers.MarkerMatcher(markers.export_markers(["acc-251", "case-0042"], salt="s"))
   assert m.find({"task_id": "task-ff60acc251b10c"}) == []
   assert m.find({"note": "see c4s3-0042"}) and m.find({"note": "xc4s30042y"})
+
+
+def test_training_briefs_do_not_spell_heldout_submission_names_in_pieces():
+  """The pieces scan finds a held-out name with text between its words. A training brief once
+  put "class labels." before the aside "Only executed calls earn credit.": the held-out
+  submission name `class_calls` in pieces, so a run whose held-out cells used it refused that
+  SFT task and ended (task seed 440044255 of the study's seed 2; ~1 classification brief in 130)."""
+  from bat_jax import train_tasks
+  from bat_jax.evaluator import generators
+  names = sorted({n for names in generators.SUBMISSION_NAMES.values() for n in names})
+  checker = leakcheck.LeakChecker(markers.MarkerMatcher(markers.export_markers(names, salt=b"s")))
+  for track in workflow.TRACKS:
+    for seed in [*range(40), 85, 270, 440044255]:
+      instance = train_tasks.generate(track, seed, "success", "stage_tools")
+      for focus in workflow.FOCI:
+        brief = train_tasks.brief_for(instance, focus)
+        assert checker.check_row({"text": brief}) == [], (track, seed, focus, brief)

@@ -1,5 +1,7 @@
 """SFT rows end to end: real expert actions executed in the bubblewrap sandbox, then published."""
 
+import pytest
+
 from bat_jax import markers
 from bat_jax import workflow
 from bat_jax.stagebank import grid
@@ -7,6 +9,7 @@ from bat_jax.stagebank import leakcheck
 from bat_jax.stagebank import sft_rows
 
 from bat_jax import train_tasks
+from bat_jax.taskkit import toolspace
 
 # Two foci of one task (the S3 row's boundary reuses the S2 row's cached snapshot) + one more.
 STATES = (grid.GridState("S2", "segmentation", "recovery"),
@@ -90,3 +93,57 @@ def test_e2e_tasks_add_whole_episodes_only(tmp_path, require_bwrap):
     last = [m for m in mine[-1]["messages"] if m["role"] == "tool"]
     assert len(last) == 6 and all(m["content"].startswith("exit_code=0") for m in last)
   assert spec.to_json()["e2e_tasks"] == 2
+
+
+def _first_action_spec(seed: int = 4) -> sft_rows.SftSpec:
+  return sft_rows.SftSpec(seed=seed, states=STATES, tasks_per_state=0, first_action_tasks=3,
+                          action_space="stage_tools")
+
+
+def test_a_task_the_leak_check_refuses_is_drawn_again(tmp_path):
+  """A task whose rows hold a held-out marker by chance is replaced by another draw (recorded in
+  the manifest), instead of the whole set, and with it the run, failing."""
+  spec = _first_action_spec()
+  plain = list(sft_rows.synthesize(spec))
+  seed_of = lambda row: row["metadata"]["workspace_recipe"]["seed"]
+
+  def refused_by(facts_line):   # the tasks whose rows hold this facts line as a "marker"
+    checker = leakcheck.LeakChecker(markers.MarkerMatcher(markers.export_markers([facts_line],
+                                                                                 salt=b"s")))
+    return checker, {seed_of(r) for r in plain if checker.check_row(r)}
+
+  for refused in (r["metadata"] for r in plain):   # a task whose facts line no other task has
+    task = train_tasks.generate(refused["track"], refused["workspace_recipe"]["seed"],
+                                refused["outcome"], "stage_tools")
+    checker, hit = refused_by(toolspace.task_facts(task))
+    if hit == {refused["workspace_recipe"]["seed"]}:
+      break
+  else:
+    raise AssertionError("no task with a facts line of its own")
+  cell_seeds = [seed_of(r) for r in plain
+                if (r["metadata"]["track"], r["metadata"]["outcome"]) == (refused["track"],
+                                                                          refused["outcome"])]
+  task_index = list(dict.fromkeys(cell_seeds)).index(refused["workspace_recipe"]["seed"])
+  out = sft_rows.build_sft_set(tmp_path / "sft", spec, checker)
+  rows = sft_rows.load_sft_rows(out)
+  manifest = sft_rows.shards.load_manifest(out)
+  assert manifest["redraws"] == {f"{refused['track']}/{refused['outcome']}/{task_index}": 1}
+  assert manifest["leak_receipt"]["rows_rejected"] == 0
+  assert len(rows) == len(plain)
+  seeds = lambda rs: [seed_of(r) for r in rs]
+  assert refused["workspace_recipe"]["seed"] not in seeds(rows)
+  # Every other task is the one drawn without the check (attempt 0 keeps its seed).
+  changed = [i for i, (a, b) in enumerate(zip(seeds(plain), seeds(rows))) if a != b]
+  assert changed and all(plain[i]["metadata"]["workspace_recipe"]["seed"]
+                         == refused["workspace_recipe"]["seed"] for i in changed)
+
+
+def test_a_generator_that_keeps_leaking_fails_closed(tmp_path):
+  """Refusals beyond chance are a leaking generator: nothing is published."""
+  spec = _first_action_spec()
+  # A "marker" every row holds (the system prompt's wording).
+  checker = leakcheck.LeakChecker(markers.MarkerMatcher(markers.export_markers(
+      ["working in a sandboxed workspace"], salt=b"s")))
+  with pytest.raises(sft_rows.SftLeakError, match="refused"):
+    sft_rows.build_sft_set(tmp_path / "sft", spec, checker)
+  assert not (tmp_path / "sft").exists()
