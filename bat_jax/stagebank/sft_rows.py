@@ -228,7 +228,7 @@ def _one_task_rows(spec: SftSpec, limits: Any, track: str, outcome: str,
   task_seed = rounds.derive_seed(SFT_POOL, spec.seed, track, outcome, i, *redraw) & 0x7FFFFFFF
   instance = train_tasks.generate(track, task_seed, outcome, spec.action_space)
   row = functools.partial(_task_rows, train_tasks, instance, task_seed=task_seed, index=i,
-                          seed=spec.seed)
+                          seed=spec.seed, attempt=attempt)
   part = sft_part(spec, i)
   if part == "first_action":  # first actions only: their context has no observation
     return _tagged(part, [r for state in states for r in row(
@@ -263,8 +263,12 @@ def _tagged(part: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _task_rows(tasks_module: Any, instance: Any, state: grid.GridState,
                actions: Sequence[Mapping[str, Any]], observations: Sequence[str], *,
-               task_seed: int, index: int, seed: int, stop: bool) -> list[dict[str, Any]]:
-  sid = rounds.state_id(-1, rounds.DATA_SOURCE, SFT_POOL, state.key, index, seed)
+               task_seed: int, index: int, seed: int, stop: bool,
+               attempt: int = 0) -> list[dict[str, Any]]:
+  # A redrawn task gets its own group id too: the refused text can be the id's (a hex state_id
+  # beside the next field can spell a held-out case id to the junction scan).
+  pool = f"{SFT_POOL}/redraw{attempt}" if attempt else SFT_POOL
+  sid = rounds.state_id(-1, rounds.DATA_SOURCE, pool, state.key, index, seed)
   return rows_for_task(tasks_module.brief_for(instance, state.focus), state, actions,
                        observations, state_id=sid, task_seed=task_seed, stop=stop,
                        generator=f"bat_jax.train_tasks/{instance.track}")

@@ -132,6 +132,10 @@ def test_a_task_the_leak_check_refuses_is_drawn_again(tmp_path):
   assert len(rows) == len(plain)
   seeds = lambda rs: [seed_of(r) for r in rs]
   assert refused["workspace_recipe"]["seed"] not in seeds(rows)
+  # The redraw's group ids are new too: a refusal can come from the id's own hex text.
+  refused_ids = {r["metadata"]["state_id"] for r in plain if seed_of(r) == seed_of({"metadata":
+                                                                                    refused})}
+  assert refused_ids and not refused_ids & {r["metadata"]["state_id"] for r in rows}
   # Every other task is the one drawn without the check (attempt 0 keeps its seed).
   changed = [i for i, (a, b) in enumerate(zip(seeds(plain), seeds(rows))) if a != b]
   assert changed and all(plain[i]["metadata"]["workspace_recipe"]["seed"]
