@@ -8,8 +8,8 @@ tokenizer.
 
 Everything stays on one host, on CPU: the in-process JAX rollout engine, a spawned Stage Bank and
 the built-in evaluator. Sizes aim at 15 minutes on 2 otherwise idle CPU cores and do not reach
-it yet: 18-19 min with nothing cached, the base 6.5-7.5 min of it (cached after the first run),
-as measured in experiments/README.md ("Rollouts without lockstep"). `smoke` shrinks every phase to
+it yet: 19-20 min with nothing cached, the base 7-8 min of it (cached after the first run),
+as measured in experiments/README.md ("One digit set for both sides"). `smoke` shrinks every phase to
 a few steps (a 2-layer, 64-wide model from scratch, 200 SFT steps and 4 x 4 rollouts a step so
 its rollouts earn reward and GRPO applies updates), and the end-to-end test runs it with `base` (`smoke,base`: a 4-step tiny-base
 pretraining first). The recipe's *structure* (4/2/2
@@ -213,11 +213,11 @@ BASE_LAYER_TYPES = ("full_attention", "full_attention", "full_attention", "linea
 def _tiny_base(c: ml_collections.ConfigDict) -> None:
   """The default (`base`): random init, then the tiny base's pretraining on the generated corpus
   (bat_jax.pretrain, cached by its config hash), the analogue of a pretrained checkpoint.
-  Its probe copy accuracy is 0.56-0.57 exact (0.90 of values; teacher-forced, which greedy
-  decoding matches) after 100 + 150 echo + 900 corpus steps, a ~7 min build on an idle box
-  (416 s measured; cached); on it the held-out
-  scores after SFT are S1-S5 1.000 / 0.905 / 0.639 / 0.381 / 0.095 and GRPO moves them
-  (experiments/README.md, "The main job on the redesigned world")."""
+  Its probe copy accuracy is 0.56-0.58 exact (0.91 of values; teacher-forced, which greedy
+  decoding matches) after 100 + 150 echo + 900 corpus steps, a 7-8 min build on an idle box
+  (416-479 s measured; cached); on it the held-out scores after SFT are S1-S5 1.000 / 1.000 /
+  0.813 / 0.643 / 0.492 (run 10, ids from all ten digits on both sides; experiments/README.md,
+  "One digit set for both sides")."""
   c.model.source = "tiny_base"
   c.model.hf_config.layer_types = BASE_LAYER_TYPES
   # Every head dim rotary (32, 16 frequencies; the real Qwen3.5's 0.25 of 256 is 64): on pure

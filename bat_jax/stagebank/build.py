@@ -20,6 +20,10 @@ from bat_jax.stagebank import task_source
 BUILDER_VERSION = "bat_jax.stagebank/1"
 MARKERS_FILE = "markers.json"  # default place of the evaluator's hashed export in a bank
 MAKE_MARKERS = "python -m bat_jax.evaluator --markers-only --markers=PATH"  # how to write one
+# A round the leak check rejects for at most this many rows is built again from other tasks
+# (`build_and_publish`), at most `MAX_ROUND_ATTEMPTS` times in all.
+MAX_CHANCE_REJECTIONS = 2
+MAX_ROUND_ATTEMPTS = 4
 
 
 # A task's description and the held-out markers in its initial workspace.
@@ -158,8 +162,10 @@ def build_round(spec: rounds.RoundSpec, source: rl_rows.TaskSource,
                                                           spec.rows_per_batch), receipt)
 
 
-def publish(bank: Path, built: BuiltRound, *, source_name: str) -> Path:
-  """Writes a built round's shards + manifest atomically into `bank`."""
+def publish(bank: Path, built: BuiltRound, *, source_name: str,
+            rejected_attempts: Sequence[Mapping[str, Any]] = ()) -> Path:
+  """Writes a built round's shards + manifest atomically into `bank` (with the leak receipts of
+  the attempts rejected before it, if any)."""
   return shards.publish_round(bank, built.spec.round_index, built.pools, {
       "config": {**built.spec.to_json(), "builder": BUILDER_VERSION, "task_source": source_name,
                  "data_source": rounds.DATA_SOURCE},
@@ -168,6 +174,7 @@ def publish(bank: Path, built: BuiltRound, *, source_name: str) -> Path:
       "batch_composition": dict(built.composition),
       "pool_order": list(workflow.POOLS),
       "leak_receipt": built.receipt.to_json(),
+      **({"rejected_attempts": list(rejected_attempts)} if rejected_attempts else {}),
   })
 
 
@@ -209,5 +216,19 @@ def build_and_publish(bank: Path, spec: rounds.RoundSpec, source: rl_rows.TaskSo
   matcher = load_matcher(bank / MARKERS_FILE if markers_path is None else markers_path,
                          allow_no_markers=allow_no_markers)
   checker = leakcheck.LeakChecker(matcher, allow_no_markers=allow_no_markers)
-  built = build_round(spec, source, checker, workers=workers)
-  return publish(bank, built, source_name=source.name)
+  rejected: list[dict[str, Any]] = []
+  for attempt in range(MAX_ROUND_ATTEMPTS):
+    try:
+      built = build_round(dataclasses.replace(spec, attempt=attempt), source, checker,
+                          workers=workers)
+      break
+    except leakcheck.RoundRejected as e:
+      # A row or two that spell a held-out marker by chance (a hex id beside the next field,
+      # common words in pieces) reject the round; it is built again from other tasks. More
+      # rows than that, or every attempt, is a generator that leaks: the rejection stands.
+      if e.receipt.rows_rejected > MAX_CHANCE_REJECTIONS or attempt + 1 == MAX_ROUND_ATTEMPTS:
+        raise
+      logging.warning("round %d attempt %d rejected (%s); building it again from other tasks",
+                      spec.round_index, attempt, e)
+      rejected.append(e.receipt.to_json())
+  return publish(bank, built, source_name=source.name, rejected_attempts=rejected)

@@ -109,15 +109,18 @@ class RoundSpec:
     seed: base seed of the bank.
     n_batches: batches in the round (reference 378).
     rows_per_batch: rows per batch (reference 8).
+    attempt: > 0 for a round built again after the leak check rejected the earlier attempt
+      (`build.build_and_publish`): other tasks in the same slots.
   """
   round_index: int
   weights: RoundWeights
   seed: int = 0
   n_batches: int = REFERENCE_BATCHES
   rows_per_batch: int = REFERENCE_ROWS_PER_BATCH
+  attempt: int = 0
 
   def __post_init__(self):
-    for name in ("round_index", "seed"):
+    for name in ("round_index", "seed", "attempt"):
       if getattr(self, name) < 0:
         raise ValueError(f"RoundSpec.{name} must be >= 0, got {getattr(self, name)}")
     for name in ("n_batches", "rows_per_batch"):
@@ -125,8 +128,9 @@ class RoundSpec:
         raise ValueError(f"RoundSpec.{name} must be >= 1, got {getattr(self, name)}")
 
   def to_json(self) -> dict[str, Any]:
-    return {"round": self.round_index, "seed": self.seed, "n_batches": self.n_batches,
-            "rows_per_batch": self.rows_per_batch, "weights": self.weights.to_json()}
+    out = {"round": self.round_index, "seed": self.seed, "n_batches": self.n_batches,
+           "rows_per_batch": self.rows_per_batch, "weights": self.weights.to_json()}
+    return {**out, "attempt": self.attempt} if self.attempt else out
 
 
 def apportion(weights: Sequence[float], total: int) -> list[int]:
@@ -214,6 +218,9 @@ def plan_round(spec: RoundSpec) -> dict[str, list[RowSlot]]:
   """The round view: for each pool, its rows in order (batch b takes the b-th block)."""
   composition = batch_composition(spec.weights.pool_mix, spec.rows_per_batch)
   cells = [(t, o) for t in workflow.TRACKS for o in workflow.OUTCOMES]
+  # Attempt 0 keeps the seeds and ids rounds always had; a rebuild draws other tasks and ids.
+  rebuild = (spec.attempt,) if spec.attempt else ()
+  suffix = f"/rebuild{spec.attempt}" if spec.attempt else ""
   view: dict[str, list[RowSlot]] = {}
   for pool in workflow.POOLS:
     n_rows = composition[pool] * spec.n_batches
@@ -226,10 +233,11 @@ def plan_round(spec: RoundSpec) -> dict[str, list[RowSlot]]:
       seen[stage] = k + 1
       cycle, pos = divmod(k, len(cells))
       if (stage, cycle) not in cycle_order:
-        rng = np.random.default_rng(derive_seed(spec.seed, spec.round_index, pool, stage, cycle))
+        rng = np.random.default_rng(derive_seed(spec.seed, spec.round_index, pool, stage, cycle,
+                                                *rebuild))
         cycle_order[(stage, cycle)] = rng.permutation(len(cells))
       track, outcome = cells[int(cycle_order[(stage, cycle)][pos])]
-      sid = state_id(spec.round_index, DATA_SOURCE, pool, stage, index, spec.seed)
+      sid = state_id(spec.round_index, DATA_SOURCE, pool + suffix, stage, index, spec.seed)
       slots.append(RowSlot(pool=pool, index=index, stage=stage, track=track, outcome=outcome,
                            task_seed=int(sid[:8], 16) & 0x7FFFFFFF, state_id=sid))
     view[pool] = slots

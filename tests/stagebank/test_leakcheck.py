@@ -1,6 +1,7 @@
 """The fail-closed leakage pre-check: planted leaks of every kind, clean rounds, receipts."""
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -154,3 +155,36 @@ def test_no_marker_export_fails_closed_unless_allowed(tmp_path, source):
   out = build.build_and_publish(bank, SMALL, source, allow_no_markers=True)
   receipt = json.loads((out / "manifest.json").read_text())["leak_receipt"]
   assert receipt["allow_no_markers"] is True and receipt["marker_count"] == 0
+
+
+def test_a_round_rejected_for_a_chance_row_is_built_again(tmp_path, source):
+  """One row that spells a held-out marker rejects its round whole (above); the bank then builds
+  the round again from other tasks (`attempt` 1) and records the rejected attempt's receipt."""
+  leak = "Compare with Heldout_Case_0042."
+  bank = tmp_path / "bank"
+  bank.mkdir()
+  (bank / build.MARKERS_FILE).write_text(json.dumps(
+      build.markers.export_markers(["heldout_case_0042"], salt="s")))
+  victim = rounds.plan_round(SMALL)["s_mix"][3].task_seed
+  out = build.build_and_publish(bank, SMALL, _LeakySource(source, victim, leak))
+  manifest = json.loads((out / "manifest.json").read_text())
+  assert manifest["config"]["attempt"] == 1
+  assert [r["rows_rejected"] for r in manifest["rejected_attempts"]] == [1]
+  assert manifest["leak_receipt"]["passed"] and manifest["leak_receipt"]["rows_checked"] == 48
+  again = rounds.plan_round(dataclasses.replace(SMALL, attempt=1))
+  seeds = {s.task_seed for pool in again.values() for s in pool}
+  assert victim not in seeds and len(seeds) == 48
+  assert {s.state_id for pool in again.values() for s in pool}.isdisjoint(
+      s.state_id for pool in rounds.plan_round(SMALL).values() for s in pool)
+  # Attempt 0 is the round it always was: manifests of rounds built before do not change.
+  assert "attempt" not in SMALL.to_json()
+
+
+def test_a_round_with_many_leaking_rows_is_not_built_again(tmp_path, source):
+  bank = tmp_path / "bank"
+  bank.mkdir()
+  (bank / build.MARKERS_FILE).write_text(json.dumps(
+      build.markers.export_markers(["task/spec.json"], salt="s")))   # in every row
+  with pytest.raises(leakcheck.RoundRejected, match="heldout_marker"):
+    build.build_and_publish(bank, SMALL, source)
+  assert not any(p.name.startswith("round_") for p in bank.iterdir())
