@@ -211,7 +211,12 @@ def build_and_publish(bank: Path, spec: rounds.RoundSpec, source: rl_rows.TaskSo
                       markers_path: Path | None = None, workers: int = 1,
                       allow_no_markers: bool = False) -> Path:
   """build_round + publish. Markers: `markers_path`, else `BANK/markers.json`; one of them must
-  exist unless `allow_no_markers`."""
+  exist unless `allow_no_markers`. A round rejected for at most `MAX_CHANCE_REJECTIONS` rows is
+  built again from other tasks (`RoundSpec.attempt`); the rejected receipts go in the manifest.
+
+  Raises:
+    RoundRejected: more rows than that, or `MAX_ROUND_ATTEMPTS` rejections (nothing published).
+  """
   bank = Path(bank)
   matcher = load_matcher(bank / MARKERS_FILE if markers_path is None else markers_path,
                          allow_no_markers=allow_no_markers)
