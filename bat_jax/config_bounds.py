@@ -123,6 +123,7 @@ BOUNDS: Mapping[str, Bound] = {
     "grpo.lr": _LR, "grpo.warmup_steps": Bound(0, 1e8, "steps"),
     "grpo.weight_decay": Bound(0, 10, "AdamW decay"),
     "grpo.kl_coef": Bound(0, 100, "a loss weight"),
+    "grpo.failed_call_penalty": Bound(0, 10, "reward per failed call or malformed turn"),
     "grpo.loss_norm_length": _TOKENS,
     "grpo.clip_low": Bound(0, 1, "a ratio clip (1 - clip_low must stay >= 0)"),
     "grpo.clip_high": Bound(0, 100, "a ratio clip"),

@@ -246,7 +246,7 @@ STAGE_TOOLS: Mapping[str, str] = {
     "S3": "python tools/validate.py --cases VALIDATION_ID; when it names a recoverable fault: "
           "python tools/fix.py --fault FAULT --subject SUBJECT, then validate again",
     "S4": "python tools/infer.py --data DATA_ID, or python tools/infer.py --blocked FAULT when "
-          "validation found a fault that cannot be fixed (recoverable=no)",
+          "validation found a fault that cannot be fixed (recoverable: no)",
     "S5": "python tools/submit.py --to SUBMISSION_ID, or python tools/submit.py --failed FAULT "
           "--subject SUBJECT for an honest failure report",
     "ids": "the short ids of the task facts (c.., w.., d.., v.., s..) stand for the paths and "

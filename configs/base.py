@@ -235,6 +235,9 @@ def grpo_config() -> ml_collections.ConfigDict:
   s.schedule = "constant"           # not in the release
   s.weight_decay = 0.0              # not in the release
   s.kl_coef = 0.006                 # KL as a loss term, never in the reward
+  # Reward subtracted per failed tool call or malformed turn before the advantages (not in the
+  # release: 0 keeps BaT's rubric-only reward; configs/tiny.py sets it).
+  s.failed_call_penalty = 0.0
   s.kl_estimator = "k3"             # not in the release (verl's low_var_kl, clamped as verl)
   # The KL anchor: "sft" (the cold-start SFT policy, every round; verl's reference is the model
   # the RL run started from) or "round_start" (the policy each round starts from). README argues

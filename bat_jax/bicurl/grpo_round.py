@@ -59,8 +59,13 @@ def bucket_length(longest: int, cap: int) -> int:
   return min(cap, max(MIN_BUCKET, length))
 
 
+def failed_turns(trajectories: list[Trajectory]) -> np.ndarray:
+  """[N] per trajectory: tool calls that exited non-zero plus turns that did not parse."""
+  return np.asarray([t.num_failed_calls + t.num_malformed for t in trajectories], np.float32)
+
+
 def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConfig,
-                  pad_id: int, longest: Optional[int] = None
+                  pad_id: int, longest: Optional[int] = None, failed_call_penalty: float = 0.0
                   ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
   """The GRPO batch (less `old_logp`) and rollout statistics.
 
@@ -70,13 +75,21 @@ def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConf
   kept (zeroed, not removed) so the batch shape, and hence the compiled step, stays the same.
   Advantages are computed within each state_id's group only (`group_advantages`). `longest`
   (default: of these trajectories) sets the padded length, so processes can agree on one.
+
+  `failed_call_penalty` (`grpo.failed_call_penalty`) is subtracted from the rubric reward for
+  each failed call or malformed turn before the advantages: the rubric scores what the
+  workspace holds, so without it a stray failing call costs nothing, and GRPO reinforced one
+  (a `fix` after "validation ok") that derails the held-out episodes (experiments/README.md,
+  "Values after a space"). The logged reward stays the rubric's.
   """
   longest = longest or max(len(t.token_ids) for t in trajectories)
   collated = collate(trajectories, max_len=bucket_length(longest, max_len), pad_id=pad_id)
   valid = collated["trainable"]
   members = np.asarray(valid_group_members(collated["group_ids"], valid))
   keep = valid & (members >= 2)
-  advantages = np.asarray(group_advantages(collated["rewards"], collated["group_ids"],
+  failed = failed_turns(trajectories)
+  trained = collated["rewards"] - failed_call_penalty * failed
+  advantages = np.asarray(group_advantages(trained, collated["group_ids"],
                                            valid=valid, mode=cfg.advantage_mode,
                                            std_normalize=cfg.std_normalize))
   rewards = collated["rewards"][valid] if valid.any() else np.zeros(1, np.float32)
@@ -86,6 +99,7 @@ def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConf
            "reward_max": float(rewards.max()),
            "response_tokens": float(np.mean([t.num_response_tokens for t in trajectories])),
            "tool_calls": float(np.mean([t.num_tool_calls for t in trajectories])),
+           "failed_turns": float(failed.mean()),
            "errors": float(reasons.count("error")), "aborted": float(reasons.count("aborted")),
            "excluded_trajectories": float((~keep).sum()),
            "dropped_groups": float(len(dropped_groups)), "length": float(longest)}
@@ -232,6 +246,7 @@ class GrpoRound:
     """
     longest = multihost.agree_max(max(len(t.token_ids) for t in trajectories))
     batch, stats = rollout_batch(trajectories, max_len=self.max_len, cfg=self.loss_cfg,
+                                 failed_call_penalty=self.cfg.grpo.failed_call_penalty,
                                  pad_id=self.chat_format.endoftext_id, longest=longest)
     signal = multihost.agree_any(np.any(batch["advantages"]))
     stats = multihost.combine_stats(stats)

@@ -8,6 +8,7 @@ repeated runs and the study's seeds and modes share one base.
     cache_dir/<key>/model/        HF safetensors + config + tokenizer (what SFT starts from)
     cache_dir/<key>/base.json     probe copy accuracy, loss, steps, seconds (the report's record)
     cache_dir/<key>.build/        orbax checkpoints of an unfinished build (resumed, then removed)
+    cache_dir/<key>.lock          held while the entry is looked up or built (one builder a key)
 
 Pretraining is the SFT trainer in three phases, so it is seeded, resumable and bit-identical
 like SFT: `echo_steps` of short echoes in short rows, then `echo_long_steps` of longer ones
@@ -21,7 +22,9 @@ is drawn again, and the redraw recorded).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import itertools
@@ -422,19 +425,36 @@ def ensure_base(build: Any, pcfg: PretrainConfig, hf_config: dict[str, Any], tok
   for cells in ("", heldout_key):
     key = cache_key(pcfg, hf_config, tokenizer_dir, cells)
     base_dir = cache_root(pcfg) / key
-    record = load_record(base_dir)
-    if record is None:
-      break
+    with _one_builder(base_dir):
+      record = load_record(base_dir)
+      if record is None:
+        return _build_base(build, pcfg, tokenizer_dir, tokenizer, eot_id, checker, key,
+                           base_dir, mesh=mesh, rules=rules)
+      try:
+        check_corpus(checker, tokenizer, pcfg, record, eot_id)
+        return base_dir / "model", {**record, "cache_hit": True}
+      except CorpusLeakError as e:
+        if cells == heldout_key:
+          raise
+        log.warning("cached tiny base %s is refused for this run (%s); building one for this "
+                    "run's held-out cells", key, e)
+  raise AssertionError("unreachable: the run's own key either hits, builds or raises")
+
+
+@contextlib.contextmanager
+def _one_builder(base_dir: Path) -> Iterator[None]:
+  """Holds `<key>.lock` (an exclusive flock) while the cache entry is looked up or built.
+
+  Concurrent runs on one cache (the suite's workers, a study's seeds) wait for the first
+  builder and then read its base: they never share the `<key>.build` staging folder, whose
+  checkpoints the other would otherwise resume mid-build and then delete."""
+  base_dir.parent.mkdir(parents=True, exist_ok=True)
+  with open(base_dir.with_name(base_dir.name + ".lock"), "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
     try:
-      check_corpus(checker, tokenizer, pcfg, record, eot_id)
-      return base_dir / "model", {**record, "cache_hit": True}
-    except CorpusLeakError as e:
-      if cells == heldout_key:
-        raise
-      log.warning("cached tiny base %s is refused for this run (%s); building one for this "
-                  "run's held-out cells", key, e)
-  return _build_base(build, pcfg, tokenizer_dir, tokenizer, eot_id, checker, key, base_dir,
-                     mesh=mesh, rules=rules)
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _build_base(build: Any, pcfg: PretrainConfig, tokenizer_dir: Path, tokenizer: Any,
@@ -462,10 +482,9 @@ def _build_base(build: Any, pcfg: PretrainConfig, tokenizer_dir: Path, tokenizer
   atomic_write_json(staging / RECORD, record)
   for name in ("echo", "echo_long", "corpus"):
     shutil.rmtree(staging / f"ckpt_{name}", ignore_errors=True)
-  if base_dir.exists():  # a concurrent build finished first: keep it, drop ours
-    shutil.rmtree(staging, ignore_errors=True)
-  else:
-    staging.rename(base_dir)
+  # `_one_builder` holds the key's lock, so a folder here is a stale one with no record.
+  shutil.rmtree(base_dir, ignore_errors=True)
+  staging.rename(base_dir)
   log.info("tiny base %s: copy accuracy %.3f on %d probes, %.0f s", key,
            record["copy_accuracy"], record["probes"], record["seconds"])
   return base_dir / "model", {**record, "cache_hit": False}

@@ -11,7 +11,7 @@ shape as an SFT row, rendered later by the policy's chat format:
 
   fill   a facts line `k1: v1; k2: v2; ...` and a usage line `python tools/T.py --f K2_ID ...`
          whose placeholders name facts; the target fills them in (copying by key: induction).
-  react  the same, then a first call and its observation `status=... field=value ...`; the
+  react  the same, then a first call and its observation `status: ... field: value ...`; the
          usage line says which call follows which reported field; the target copies values
          out of the observation (and the facts).
 
@@ -28,7 +28,9 @@ from typing import Any, Mapping, Sequence
 
 from bat_jax import workflow
 
-GENERATOR_VERSION = "corpus-v6"
+# v7: observations print `field: value` (v6: `field=value`, whose values a byte-level BPE split
+# into other tokens after `=` than after the call's flag; the stage tools' validate line too).
+GENERATOR_VERSION = "corpus-v7"
 KINDS: tuple[str, ...] = ("repeat", "fill", "react")
 
 SYSTEM_PROMPTS = (
@@ -148,7 +150,7 @@ def _react(rng: random.Random) -> Document:
   user = f"Facts: {facts_line}. Run {usage1}; when it reports {status}: {usage2}"
   first = _call(tool1, [(first_key, facts[first_key])], f"Run {tool1} first.")
   observation = "exit code 0\n" + " ".join(
-      [f"status={status}"] + [f"{f}={v}" for f, v in reported.items()]) + "\n"
+      [f"status: {status}"] + [f"{f}: {v}" for f, v in reported.items()]) + "\n"
   target = _call(tool2, [(f, reported[f]) for f in wanted], f"React to what {tool1} reported.")
   messages = ({"role": "system", "content": rng.choice(SYSTEM_PROMPTS)},
               {"role": "user", "content": user},

@@ -84,6 +84,7 @@ class Score:
   stage_items: Mapping[str, Mapping[str, Optional[bool]]]
   stage_scores: Mapping[str, Optional[float]]
   task_score: Optional[float]
+  failed_calls: int = 0  # executed calls that exited non-zero (the evidence log's count)
 
 
 class Environment(Protocol):
@@ -115,7 +116,8 @@ class TaskEnvironment:
     r = rubric.score(self.item.instance, self.item.focus, self.sandbox.workspace,
                      self.sandbox.evidence)
     return Score(reward=float(r.reward), stage_items=r.stage_items,
-                 stage_scores=r.stage_scores, task_score=r.task_score)
+                 stage_scores=r.stage_scores, task_score=r.task_score,
+                 failed_calls=sum(1 for rec in self.sandbox.evidence if rec.exit_code != 0))
 
 
 def task_environments(root: Path, sandbox_limits: Optional[SandboxLimits] = None, *,
@@ -375,6 +377,7 @@ class AgentLoop:
     t.stage_items = {k: dict(v) for k, v in score.stage_items.items()}
     t.stage_scores = dict(score.stage_scores)
     t.task_score = score.task_score
+    t.num_failed_calls = int(score.failed_calls)
 
 
 def turn_seed(seed: int, state_id: str, g: int, turn: int) -> int:

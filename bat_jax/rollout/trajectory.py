@@ -42,6 +42,7 @@ class Trajectory:
     task_score: the task metric (E2E rows), or None.
     finish_reason: one of `bat_jax.rollout_protocol.FINISH_REASONS`.
     num_turns, num_tool_calls, num_response_tokens, num_malformed: counters.
+    num_failed_calls: executed tool calls that exited non-zero.
     weight_version: the params version of the last turn.
     error: what went wrong when finish_reason is "error" or "aborted".
   """
@@ -63,6 +64,7 @@ class Trajectory:
   num_tool_calls: int = 0
   num_response_tokens: int = 0
   num_malformed: int = 0
+  num_failed_calls: int = 0
   weight_version: str = ""
   error: Optional[str] = None
 

@@ -10,7 +10,7 @@ artifacts and receipts by executed calls.
 
 `tool_actions(instance, stage)` is the expert in this space: one short call per step, its
 arguments copied from the task facts (`task_facts`) or, for the reactive steps, from what an
-earlier observation names (validate prints `fault=... subject=...`).
+earlier observation names (validate prints `fault: ... subject: ...`).
 
 The facts a call copies are short task ids (`card: c4; weights: w8; data: d2; ...`; the spec's
 `ids` maps each to the real path or list, and the tools resolve them): a path such as
@@ -139,8 +139,8 @@ def validation_report(instance: TaskInstance) -> str:
   if instance.outcome != "failure":
     return "validation ok"
   hidden = instance.hidden
-  return (f"fault={hidden['fault']} subject={short_id(instance, hidden['fault_subject'])} "
-          "recoverable=no")
+  return stage_tools.fault_line(hidden["fault"], short_id(instance, hidden["fault_subject"]),
+                                False)
 
 
 def tool_actions(instance: TaskInstance, stage: str) -> list[dict[str, Any]]:

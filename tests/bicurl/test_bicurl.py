@@ -17,7 +17,7 @@ from bat_jax import workflow
 from bat_jax.stagebank.rounds import RoundWeights
 from bat_jax.bicurl import OuterState, RoundRecord, RunPaths, run
 from bat_jax.bicurl.grpo_round import bucket_length, grpo_config, rollout_batch
-from bat_jax.bicurl.report import PLOTS, build_report, markdown
+from bat_jax.bicurl.report import PLOTS, build_report, headline, markdown
 from bat_jax.bicurl.setup import sft_states
 from bat_jax.bicurl.state import STATE_FILE
 from bat_jax.rollout import Trajectory
@@ -53,6 +53,20 @@ def test_rollout_batch_advantages_stay_within_each_state_id():
   np.testing.assert_allclose(batch["advantages"], [0.5, 0.0, -0.5, 0.0])
   assert batch["input_ids"].shape == (4, 128) and batch["loss_mask"][3, :7].sum() == 5
   assert stats["reward_mean"] == pytest.approx(0.5) and stats["length"] == 7
+
+
+def test_failed_call_penalty_ranks_a_clean_trajectory_above_one_with_stray_failures():
+  """Same rubric reward, but one continuation also made a failing call and a malformed turn:
+  with `grpo.failed_call_penalty` the clean one gets the positive advantage; without it, none."""
+  clean, stray = _traj("a", 1.0), _traj("a", 1.0)
+  stray.num_failed_calls, stray.num_malformed = 1, 1
+  cfg = grpo_config(fast_config())
+  off, _ = rollout_batch([clean, stray], max_len=512, cfg=cfg, pad_id=0)
+  on, stats = rollout_batch([clean, stray], max_len=512, cfg=cfg, pad_id=0,
+                            failed_call_penalty=0.1)
+  np.testing.assert_allclose(off["advantages"], [0.0, 0.0])
+  np.testing.assert_allclose(on["advantages"], [0.1, -0.1], rtol=1e-6)
+  assert stats["reward_mean"] == 1.0 and stats["failed_turns"] == 1.0  # logged: the rubric's
 
 
 def test_sft_states_cover_tracks_before_repeating():
@@ -201,6 +215,12 @@ def test_end_to_end_applies_a_grpo_update(finished_run):
     "out)"))
 def test_end_to_end_rerun_of_a_finished_run_returns_its_report(finished_run):
   cfg, paths, report = finished_run
+  # Which side moved, if one does: the cached evaluation, the saved state or the rerun.
+  for e in report["evaluations"]:
+    cached = headline(json.loads(paths.eval_report(e["policy"]).read_text()))
+    saved = OuterState.load(paths.workdir).evaluations[e["policy"]]
+    assert {k: e[k] for k in cached} == cached, ("evals file", e["policy"])
+    assert {k: saved[k] for k in cached} == cached, ("outer state", e["policy"])
   assert run(cfg, paths.workdir)["evaluations"] == report["evaluations"]
 
 

@@ -1,6 +1,7 @@
 """The tiny base: packed rows, a cached build keyed by its config, a leak check that fails
 closed, and a resumed build that ends bit-identical."""
 
+import concurrent.futures
 import dataclasses
 import itertools
 import json
@@ -145,6 +146,18 @@ def test_build_then_cache_hit_and_key_follows_the_config(tokenizer_dir, tmp_path
                         tokenizer_dir) == key
   assert base.cache_key(dataclasses.replace(pcfg, lr=2e-3), HF, tokenizer_dir) != key
   assert base.cache_key(pcfg, {**HF, "hidden_size": 64}, tokenizer_dir) != key
+
+
+def test_concurrent_runs_on_one_cache_build_the_base_once(tokenizer_dir, tmp_path):
+  """Two runs asking at once (the suite's workers, a study's seeds): one builds, the other
+  waits for it and reads the cached base; they never share the staging folder."""
+  pcfg = _pcfg(tmp_path)
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    results = list(pool.map(lambda _: _ensure(pcfg, tokenizer_dir), range(2)))
+  assert sorted(r["cache_hit"] for _, r in results) == [False, True]
+  assert results[0][0] == results[1][0]
+  assert {k: v for k, v in results[0][1].items() if k != "cache_hit"} == \
+      {k: v for k, v in results[1][1].items() if k != "cache_hit"}
 
 
 def test_a_document_the_leak_check_always_refuses_is_never_trained_on(tokenizer_dir,

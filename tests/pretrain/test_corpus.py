@@ -34,7 +34,7 @@ def test_react_targets_copy_from_the_observation_not_the_facts():
     observation = doc.messages[3]["content"]
     for value in doc.answer:
       flag_value = re.escape(value)
-      assert re.search(rf"=\s*{flag_value}(\s|$)", observation), (value, observation)
+      assert re.search(rf": {flag_value}(\s|$)", observation), (value, observation)
     assert any(v not in facts for v in doc.answer) or len(doc.answer) == 0
 
 

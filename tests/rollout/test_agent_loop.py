@@ -43,7 +43,7 @@ class FakeEnv:
 
   def score(self) -> Score:
     return Score(reward=len(self.calls) / 10, stage_items={"S1": {"plan_written": True}},
-                 stage_scores={"S1": 1.0}, task_score=None)
+                 stage_scores={"S1": 1.0}, task_score=None, failed_calls=len(self.calls) - 1)
 
 
 def make_loop(chat, script, *, limits=RolloutLimits(), fail_engine=frozenset(), env_errors=()):
@@ -73,6 +73,7 @@ def test_scripted_conversation_tokens_and_mask_follow_the_chat_template(chat):
   assert (traj.num_turns, traj.num_tool_calls, traj.num_malformed) == (3, 2, 0)
   assert envs[0].calls == [("python", "print('hello')"), ("bash", "ls -la")]
   assert traj.reward == pytest.approx(0.2) and traj.stage_scores == {"S1": 1.0}
+  assert traj.num_failed_calls == 1  # the environment's count, carried to the trajectory
   # The whole sequence is what the chat template renders for the conversation...
   conversation = list(MESSAGES)
   for k, a in enumerate(actions):

@@ -79,6 +79,18 @@ def test_a_row_rebuilds_its_boundary_workspace(built, tmp_path, require_bwrap):
     task_source.instance_for(tampered)
 
 
+def test_the_environment_counts_the_agents_failed_calls(built, tmp_path, require_bwrap):
+  """`Score.failed_calls`: the agent's calls that exited non-zero (the boundary's replayed
+  expert calls are not the agent's)."""
+  row = next(r for r in built.pools["s_target"] if r["extra_info"]["target_stage"] == "S4")
+  env = TaskEnvironment(RolloutItem.from_row(row, task_source.instance_for(row)), tmp_path / "ws")
+  assert env.score().failed_calls == 0
+  env.execute("bash", "exit 3")
+  env.execute("bash", "true")
+  env.execute("bash", "python -c 'raise SystemExit(1)'")
+  assert env.score().failed_calls == 2
+
+
 def test_workspace_files_rows_reset_to_are_scanned():
   """A marker present only inside a task's workspace files (not in the row) rejects the round."""
   spec = rounds.RoundSpec(0, rounds.RoundWeights.for_target("S1"), seed=4, n_batches=1)

@@ -55,5 +55,5 @@ def test_tool_observations_pass_the_leak_check(checker, tmp_path, require_bwrap)
     assert res.exit_code == 0
     observations.append(res.observation)
     assert checker.check_row({"action": action, "observation": res.observation}) == []
-  assert "fault=degenerate_output subject=intensity_scale" in observations[0]
+  assert "fault: degenerate_output subject: intensity_scale" in observations[0]
   assert workflow.STAGE_TOOLS["S3"] in train_tasks.brief_for(inst, "S3")

@@ -142,7 +142,7 @@ def test_reactive_fix_must_name_the_observed_fault(require_bwrap, tmp_path):
   ids = toolspace.facts(inst)["validation"]
   sb = materialize_at(inst, "S3", tmp_path / "ok", LIMITS)
   first = _run(sb, f"python tools/validate.py --cases {ids}")
-  assert f"fault=corrupted_case subject={inst.hidden['fault_subject']}" in first.observation
+  assert f"fault: corrupted_case subject: {inst.hidden['fault_subject']}" in first.observation
   # Excluding another (valid) case is applied as told, and the rubric rejects it.
   other = next(c for c in inst.hidden["case_ids"] if c != inst.hidden["fault_subject"])
   sb = materialize_at(inst, "S3", tmp_path / "wrong", LIMITS)
@@ -189,7 +189,7 @@ def test_handoff_states_what_validation_printed_and_decides_the_next_call(
     assert f"Validation printed: {report}." in brief
     (call,) = [a["arguments"]["code"] for a in expert_actions(inst, stage)]
     if outcome == "failure":
-      fault = re.search(r"fault=(\S+) subject=(\S+)", brief)
+      fault = re.search(r"fault: (\S+) subject: (\S+)", brief)
       assert f"--{'blocked' if stage == 'S4' else 'failed'} {fault.group(1)}" in call
       assert stage == "S4" or call.endswith(f"--subject {fault.group(2)}")
     else:
@@ -205,3 +205,30 @@ def test_e2e_briefs_vary_in_every_part_but_keep_the_facts():
   assert len(openings) >= 8 and len(labels) >= 6
   assert all(toolspace.task_facts(b) in b.brief for b in briefs)
   assert len({b.brief.replace(toolspace.task_facts(b), "") for b in briefs}) >= 50
+
+
+@pytest.mark.parametrize("fault", workflow.FAULTS["recovery"] + workflow.FAULTS["failure"])
+def test_reactive_calls_copy_values_that_follow_a_space_in_the_observation(
+    require_bwrap, tmp_path, fault):
+  """Each value a reactive call copies (`--fault F`, `--subject S`, `--blocked F`, ...) stands in
+  validate's line after a space, as after its flag in the call: a byte-level BPE splits it into
+  the same tokens in both places (`fault=degenerate_output` began with `=`, `de`, `generate`,
+  the call with ` degenerate`), so copying is copying tokens, on both sides."""
+  outcome = "recovery" if fault in workflow.FAULTS["recovery"] else "failure"
+  sides = {"train": lambda s: train_tasks.generate("detection", s, outcome, "stage_tools"),
+           "heldout": lambda s: generators.generate("detection", s, outcome, "lite",
+                                                    "stage_tools")}
+  for side, make in sides.items():
+    inst = next(i for i in map(make, range(80)) if i.hidden["fault"] == fault)
+    sb = materialize_at(inst, "S3", tmp_path / side, LIMITS)
+    f = toolspace.facts(inst)
+    printed = _run(sb, f"python tools/validate.py --cases {f['validation']}").observation
+    stage = "S3" if outcome == "recovery" else "S5"
+    reaction = expert_actions(inst, stage)[1 if outcome == "recovery" else 0]
+    copied = re.findall(r"--(?:fault|subject|blocked|failed) (\S+)",
+                        reaction["arguments"]["code"])
+    assert copied and fault in copied, (side, reaction)
+    for value in copied:
+      assert f" {value} " in printed or printed.split("stdout:")[1].startswith(f"{value} "), \
+          (side, value, printed)
+      assert f"={value}" not in printed, (side, value, printed)

@@ -148,6 +148,16 @@ def setup(args):
         % (",".join(missing) or "none", version in supported, load_ok))
 
 
+def fault_line(fault, subject, recoverable):
+  """What validate prints for a fault. Each value follows a space, as after its flag in the
+  fix / infer / submit call that copies it: `fault=degenerate_output` splits into other tokens
+  (`=`, `de`, `generate`) than ` --fault degenerate_output` (` degenerate`), so copying it meant
+  respelling, which the tiny policy rarely got right (experiments/README.md, "Values after a
+  space")."""
+  return "fault: %s subject: %s recoverable: %s" % (fault, subject,
+                                                    "yes" if recoverable else "no")
+
+
 def validate(args):
   config, spec = _json(CONFIG), _json(SPEC)
   cases = [c for c in _resolve(args.cases).split(",") if c]
@@ -163,8 +173,7 @@ def validate(args):
     if subject != found["subject"]:
       found = dict(found, subject_id=subject)
     atomic_write_json(DIAGNOSIS, found)
-    print("fault=%s subject=%s recoverable=%s" % (found["fault"], subject,
-                                                  "yes" if found["recoverable"] else "no"))
+    print(fault_line(found["fault"], subject, found["recoverable"]))
     return
   preds = [r["prediction"] for r in result["records"] if "prediction" in r]
   checks = {"cases": sorted(r["case_id"] for r in result["records"]),
