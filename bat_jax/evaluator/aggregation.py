@@ -13,6 +13,7 @@ end-to-end cell).
 from __future__ import annotations
 
 import collections
+import math
 from typing import Any, Mapping, Optional, Sequence
 
 from bat_jax import workflow
@@ -22,7 +23,8 @@ TASK_FAILED_BELOW = 0.5  # a valid cell whose task score is below this counts as
 
 
 def _mean(values: Sequence[float]) -> Optional[float]:
-  return sum(values) / len(values) if values else None
+  # Exactly rounded: cells finish in any order, and the report must not depend on it.
+  return math.fsum(values) / len(values) if values else None
 
 
 def _scores(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
