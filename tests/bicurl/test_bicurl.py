@@ -213,9 +213,10 @@ def test_end_to_end_rerun_of_a_finished_run_returns_its_report(finished_run):
   # Which side moved, if one does: the cached evaluation, the saved state or the rerun. (The
   # standard errors once did: the file's tracks are sorted by name, and a plain float sum over
   # another order differs in the last bits; `report.standard_error` sums exactly.)
+  saved_evaluations = OuterState.load(paths.workdir).evaluations
   for e in report["evaluations"]:
     cached = headline(json.loads(paths.eval_report(e["policy"]).read_text()))
-    saved = OuterState.load(paths.workdir).evaluations[e["policy"]]
+    saved = saved_evaluations[e["policy"]]
     assert {k: e[k] for k in cached} == cached, ("evals file", e["policy"])
     assert {k: saved[k] for k in cached} == cached, ("outer state", e["policy"])
   assert run(cfg, paths.workdir)["evaluations"] == report["evaluations"]
