@@ -36,6 +36,9 @@ SWEEPS: Mapping[str, tuple[Variant, ...]] = {
     # Continuations per state_id at a fixed number of trajectories per update (16).
     "group_size": tuple((f"G{g}", {"grpo.group_size": g, "grpo.prompt_groups": 16 // g})
                         for g in (2, 4, 8)),
+    # The KL anchor's weight: the reference's 0.006 up to the tiny default's 0.5 and beyond
+    # (experiments/README.md, "The KL anchor").
+    "kl_coef": tuple((f"kl{k:g}", {"grpo.kl_coef": k}) for k in (0.006, 0.1, 0.5, 2.0)),
 }
 
 

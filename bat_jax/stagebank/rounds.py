@@ -10,8 +10,10 @@ pool composition, apportioned from the curriculum's `pool_mix` (the reference 0.
 - S-mix rows cycle round-robin over the stages other than the primary target (the largest stage
   weight, ties to the earliest stage).
 - Within each (pool, stage) the rows cycle over the 21 (track, outcome) pairs, each cycle in a
-  seeded order: tracks and outcomes are balanced exactly when counts divide by 21 (the reference
-  round does), otherwise within one.
+  seeded order in which every prefix is balanced within one over tracks and over outcomes
+  (`_balanced_cycle`): a round of 12 E2E rows holds 4 tasks of each outcome, not whatever a
+  random permutation's first 12 gave (2 / 5 / 5 in the tiny run's round 0). Exactly balanced
+  when counts divide by 21 (the reference round does).
 - `state_id = sha256(round, source, pool, stage, index, seed)`: the GRPO group key.
 """
 
@@ -214,10 +216,27 @@ def _pool_stages(spec: RoundSpec, pool: str, n_rows: int) -> list[str]:
   return [others[i % len(others)] for i in range(n_rows)]
 
 
+def _balanced_cycle(rng: np.random.Generator) -> list[tuple[str, str]]:
+  """The 21 (track, outcome) pairs in a seeded order whose every prefix is balanced within one.
+
+  Position i takes track `i mod 7` and outcome `i mod 3` of seeded orders of each: 7 and 3 are
+  coprime, so the 21 positions meet every pair exactly once (Chinese remainders), and any run of
+  consecutive positions cycles both marginals.
+  """
+  tracks, outcomes = workflow.TRACKS, workflow.OUTCOMES
+  if math.gcd(len(tracks), len(outcomes)) != 1:
+    raise ValueError(f"{len(tracks)} tracks and {len(outcomes)} outcomes share a factor: "
+                     f"no order visits every pair with both marginals cycling")
+  track_order = [tracks[int(i)] for i in rng.permutation(len(tracks))]
+  outcome_order = [outcomes[int(i)] for i in rng.permutation(len(outcomes))]
+  return [(track_order[i % len(tracks)], outcome_order[i % len(outcomes)])
+          for i in range(len(tracks) * len(outcomes))]
+
+
 def plan_round(spec: RoundSpec) -> dict[str, list[RowSlot]]:
   """The round view: for each pool, its rows in order (batch b takes the b-th block)."""
   composition = batch_composition(spec.weights.pool_mix, spec.rows_per_batch)
-  cells = [(t, o) for t in workflow.TRACKS for o in workflow.OUTCOMES]
+  n_cells = len(workflow.TRACKS) * len(workflow.OUTCOMES)
   # Attempt 0 keeps the seeds and ids rounds always had; a rebuild draws other tasks and ids.
   rebuild = (spec.attempt,) if spec.attempt else ()
   suffix = f"/rebuild{spec.attempt}" if spec.attempt else ""
@@ -226,17 +245,17 @@ def plan_round(spec: RoundSpec) -> dict[str, list[RowSlot]]:
     n_rows = composition[pool] * spec.n_batches
     stages = _pool_stages(spec, pool, n_rows)
     seen: dict[str, int] = {}
-    cycle_order: dict[tuple[str, int], np.ndarray] = {}
+    cycle_order: dict[tuple[str, int], list[tuple[str, str]]] = {}
     slots = []
     for index, stage in enumerate(stages):
       k = seen.get(stage, 0)
       seen[stage] = k + 1
-      cycle, pos = divmod(k, len(cells))
+      cycle, pos = divmod(k, n_cells)
       if (stage, cycle) not in cycle_order:
         rng = np.random.default_rng(derive_seed(spec.seed, spec.round_index, pool, stage, cycle,
                                                 *rebuild))
-        cycle_order[(stage, cycle)] = rng.permutation(len(cells))
-      track, outcome = cells[int(cycle_order[(stage, cycle)][pos])]
+        cycle_order[(stage, cycle)] = _balanced_cycle(rng)
+      track, outcome = cycle_order[(stage, cycle)][pos]
       sid = state_id(spec.round_index, DATA_SOURCE, pool + suffix, stage, index, spec.seed)
       slots.append(RowSlot(pool=pool, index=index, stage=stage, track=track, outcome=outcome,
                            task_seed=int(sid[:8], 16) & 0x7FFFFFFF, state_id=sid))
