@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from bat_jax import workflow
 from bat_jax.run_config import RunConfig
 from bat_jax.bicurl import multihost
 from bat_jax.bicurl.policy import worker_step_tokens
@@ -64,8 +65,28 @@ def failed_turns(trajectories: list[Trajectory]) -> np.ndarray:
   return np.asarray([t.num_failed_calls + t.num_malformed for t in trajectories], np.float32)
 
 
+def stage_stop_turns(trajectories: list[Trajectory], loss_mask: np.ndarray) -> np.ndarray:
+  """`[B, T]` 1 on the closing no-call turn of each stage-local trajectory that ended by
+  stopping (`agent_stop`): the last run of generated tokens. The row was cut at a stage
+  boundary, so stopping there is where the cut falls, not a skill of the stage; in an E2E
+  episode the same observation asks for the next stage's call."""
+  closing = np.zeros_like(loss_mask)
+  for i, t in enumerate(trajectories):
+    if t.focus == workflow.E2E or t.finish_reason != "agent_stop":
+      continue
+    generated = np.flatnonzero(loss_mask[i] > 0)
+    if generated.size == 0:
+      continue
+    start = generated[-1]
+    while start > 0 and loss_mask[i, start - 1] > 0:
+      start -= 1
+    closing[i, start:generated[-1] + 1] = 1
+  return closing
+
+
 def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConfig,
-                  pad_id: int, longest: Optional[int] = None, failed_call_penalty: float = 0.0
+                  pad_id: int, longest: Optional[int] = None, failed_call_penalty: float = 0.0,
+                  train_stage_stop: bool = True
                   ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
   """The GRPO batch (less `old_logp`) and rollout statistics.
 
@@ -81,6 +102,9 @@ def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConf
   workspace holds, so without it a stray failing call costs nothing, and GRPO reinforced one
   (a `fix` after "validation ok") that derails the held-out episodes (experiments/README.md,
   "Values after a space"). The logged reward stays the rubric's.
+
+  `train_stage_stop` False (`grpo.train_stage_stop`) leaves the closing stop turn of
+  stage-local rows out of the loss (`stage_stop_turns`).
   """
   longest = longest or max(len(t.token_ids) for t in trajectories)
   collated = collate(trajectories, max_len=bucket_length(longest, max_len), pad_id=pad_id)
@@ -104,8 +128,11 @@ def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConf
            "excluded_trajectories": float((~keep).sum()),
            "dropped_groups": float(len(dropped_groups)), "length": float(longest)}
   # The sampler's logprobs ride along for truncated IS and the sampler_gap metric.
+  loss_mask = collated["loss_mask"] * keep[:, None].astype(np.float32)
+  if not train_stage_stop:
+    loss_mask = loss_mask * (1.0 - stage_stop_turns(trajectories, collated["loss_mask"]))
   return {"input_ids": collated["input_ids"], "valid": collated["valid"],
-          "loss_mask": collated["loss_mask"] * keep[:, None].astype(np.float32),
+          "loss_mask": loss_mask,
           "advantages": np.where(keep, advantages, 0.0).astype(np.float32),
           "sampler_logp": collated["sampler_logp"]}, stats
 
@@ -247,6 +274,7 @@ class GrpoRound:
     longest = multihost.agree_max(max(len(t.token_ids) for t in trajectories))
     batch, stats = rollout_batch(trajectories, max_len=self.max_len, cfg=self.loss_cfg,
                                  failed_call_penalty=self.cfg.grpo.failed_call_penalty,
+                                 train_stage_stop=self.cfg.grpo.train_stage_stop,
                                  pad_id=self.chat_format.endoftext_id, longest=longest)
     signal = multihost.agree_any(np.any(batch["advantages"]))
     stats = multihost.combine_stats(stats)

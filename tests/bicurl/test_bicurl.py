@@ -5,6 +5,7 @@ shared by the end-to-end tests, each checking one concern. The SIGKILL-and-resum
 launch.py checks have their own files.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -67,6 +68,26 @@ def test_failed_call_penalty_ranks_a_clean_trajectory_above_one_with_stray_failu
   np.testing.assert_allclose(off["advantages"], [0.0, 0.0])
   np.testing.assert_allclose(on["advantages"], [0.1, -0.1], rtol=1e-6)
   assert stats["reward_mean"] == 1.0 and stats["failed_turns"] == 1.0  # logged: the rubric's
+
+
+def test_untrained_stage_stop_masks_only_the_closing_turn_of_stopped_stage_rows():
+  """`grpo.train_stage_stop` False: a stage-local row that ended by stopping loses its last run
+  of generated tokens (the stop turn) from the loss, and nothing else; an E2E row, or a stage
+  row cut by a limit, keeps every generated token."""
+  # prompt 2, a call turn of 3, an observation of 2, a stop turn of 2.
+  mask = [0, 0, 1, 1, 1, 0, 0, 1, 1]
+  def traj(focus, reward, finish="agent_stop"):
+    return dataclasses.replace(_traj("a" + focus, reward, n=9), focus=focus, loss_mask=mask,
+                               finish_reason=finish)
+  trajs = [traj("S3", 1.0), traj("S3", 0.0), traj("E2E", 1.0), traj("E2E", 0.0),
+           traj("S4", 1.0, "max_turns"), traj("S4", 0.0, "max_turns")]
+  cfg = grpo_config(fast_config())
+  kept, _ = rollout_batch(trajs, max_len=512, cfg=cfg, pad_id=0)
+  cut, _ = rollout_batch(trajs, max_len=512, cfg=cfg, pad_id=0, train_stage_stop=False)
+  np.testing.assert_array_equal(kept["loss_mask"][:, :9], np.tile(mask, (6, 1)))
+  np.testing.assert_array_equal(cut["loss_mask"][:2, :9], [[0, 0, 1, 1, 1, 0, 0, 0, 0]] * 2)
+  np.testing.assert_array_equal(cut["loss_mask"][2:, :9], np.tile(mask, (4, 1)))
+  np.testing.assert_array_equal(cut["advantages"], kept["advantages"])
 
 
 def test_sft_states_cover_tracks_before_repeating():
