@@ -236,11 +236,11 @@ def grpo_config() -> ml_collections.ConfigDict:
   s.weight_decay = 0.0              # not in the release
   s.kl_coef = 0.006                 # KL as a loss term, never in the reward
   # Reward subtracted per failed tool call or malformed turn before the advantages (not in the
-  # release: 0 keeps BaT's rubric-only reward; configs/tiny.py sets it).
+  # release: 0 keeps BaT's rubric-only reward; an ablation, off in every config).
   s.failed_call_penalty = 0.0
   # False leaves the closing stop turn of stage-local rows out of the loss: the row was cut at
   # a stage boundary, and an E2E episode asks for the next call at the same observation (not
-  # in the release; configs/tiny.py sets it).
+  # in the release; an ablation, True in every config).
   s.train_stage_stop = True
   s.kl_estimator = "k3"             # not in the release (verl's low_var_kl, clamped as verl)
   # The KL anchor: "sft" (the cold-start SFT policy, every round; verl's reference is the model

@@ -77,10 +77,9 @@ def stage_stop_turns(trajectories: list[Trajectory], loss_mask: np.ndarray) -> n
     generated = np.flatnonzero(loss_mask[i] > 0)
     if generated.size == 0:
       continue
-    start = generated[-1]
-    while start > 0 and loss_mask[i, start - 1] > 0:
-      start -= 1
-    closing[i, start:generated[-1] + 1] = 1
+    end = generated[-1] + 1
+    before = np.flatnonzero(loss_mask[i, :end] == 0)  # the turn starts after its last gap
+    closing[i, (before[-1] + 1 if before.size else 0):end] = 1
   return closing
 
 
@@ -99,9 +98,10 @@ def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConf
 
   `failed_call_penalty` (`grpo.failed_call_penalty`) is subtracted from the rubric reward for
   each failed call or malformed turn before the advantages: the rubric scores what the
-  workspace holds, so without it a stray failing call costs nothing, and GRPO reinforced one
-  (a `fix` after "validation ok") that derails the held-out episodes (experiments/README.md,
-  "Values after a space"). The logged reward stays the rubric's.
+  workspace holds, so without it a stray failing call costs nothing. Built against the
+  held-out `fix`-after-"validation ok" collapse, which it did not stop; the cause was elsewhere
+  (experiments/README.md, "Values after a space" and "The KL anchor"). The logged reward stays
+  the rubric's.
 
   `train_stage_stop` False (`grpo.train_stage_stop`) leaves the closing stop turn of
   stage-local rows out of the loss (`stage_stop_turns`).
