@@ -113,6 +113,7 @@ BOUNDS: Mapping[str, Bound] = {
     "sft.num_examples": _count(1e9, "rows"),
     "sft.first_action_tasks": Bound(0, 1e6, "tasks per grid state"),
     "sft.e2e_tasks": Bound(0, 1e6, "tasks per (track, outcome)"),
+    "sft.reaction_tasks": Bound(0, 1e6, "tasks per (track, outcome)"),
     "sft.context_loss_weight": Bound(0, 100, "a loss weight"),
     "sft.checkpoint.every": _STEPS, "sft.checkpoint.keep": _count(10_000, "checkpoints"),
     # grpo

@@ -195,6 +195,7 @@ def _check_training(ck: _Checker) -> None:
   ck.positive("sft.steps", "sft.global_batch_size", "sft.max_seq_len", "sft.num_examples")
   ck.that("sft.first_action_tasks", lambda v: isinstance(v, int) and v >= 0, "an int >= 0")
   ck.that("sft.e2e_tasks", lambda v: isinstance(v, int) and v >= 0, "an int >= 0")
+  ck.that("sft.reaction_tasks", lambda v: isinstance(v, int) and v >= 0, "an int >= 0")
   ck.that("sft.bucket_lengths", lambda v: all(isinstance(b, int) and b > 0 for b in v),
           "a tuple of ints > 0")
   ck.fraction("sft.validation_fraction")

@@ -241,7 +241,8 @@ ACTION_SPACES: tuple[str, ...] = ("code", "stage_tools")
 TOOLS_DIR = "tools"
 # Stage -> the tool calls that do it (public usage; briefs and specs quote it).
 STAGE_TOOLS: Mapping[str, str] = {
-    "S1": "python tools/plan.py --weights WEIGHTS_ID --data DATA_ID --cases N_CASES",
+    "S1": "python tools/plan.py --weights WEIGHTS_ID --data DATA_ID --cases N_CASES, with the "
+          "weights of the task's modality",
     "S2": "python tools/setup.py --card CARD_ID",
     "S3": "python tools/validate.py --cases VALIDATION_ID; when it names a recoverable fault: "
           "python tools/fix.py --fault FAULT --subject SUBJECT, then validate again",

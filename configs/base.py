@@ -215,6 +215,9 @@ def sft_config() -> ml_collections.ConfigDict:
   # with no tool call (bat_jax.stagebank.sft_rows.STOP_TEXT): the policy learns to end an
   # episode instead of calling on to the turn limit.
   s.stop_rows = False
+  # Further tasks per (track, outcome) giving the rows of their E2E episode after validation:
+  # the reaction to what it printed, and every call after (sft_rows.SftSpec).
+  s.reaction_tasks = 0
   s.remat = "full"
   s.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3})
   # > 0 adds a next-token loss on the context (prompt, earlier turns, observations) at this

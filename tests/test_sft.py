@@ -15,8 +15,8 @@ import pytest
 from bat_jax.model import chat_format
 from bat_jax.model import tokenizer_corpus
 from bat_jax.model import tokenizer as tk
-from bat_jax.sft import (SftConfig, drop_too_long, length_groups, pad_example, sft_dataset,
-                         sft_loss_fn)
+from bat_jax.sft import (SftBatches, SftConfig, drop_too_long, length_groups, pad_example,
+                         sft_dataset, sft_loss_fn)
 
 FIXTURES = Path(__file__).parent / "grpo"
 sys.path.insert(0, str(FIXTURES))
@@ -70,6 +70,48 @@ def test_sft_mask_covers_only_the_target_action(tmp_path):
   assert float(with_context(repadded)[0]) == float(num_c)   # padding still carries nothing
   with pytest.raises(ValueError, match="context_weight must be >= 0"):
     sft_loss_fn(context_weight=-1.0)
+
+
+def _ragged_batch(vocab: int, rng: np.random.Generator) -> dict:
+  """[4, 40]: rows of different lengths, targets in several runs per row (as packed base rows)."""
+  rows = []
+  for length, spans in ((40, ((5, 9), (20, 31))), (23, ((18, 23),)), (31, ((2, 4), (29, 31))),
+                        (12, ((11, 12),))):
+    mask = np.zeros(length, np.int32)
+    for a, b in spans:
+      mask[a:b] = 1
+    rows.append(pad_example(rng.integers(1, vocab, length), mask, max_len=40, pad_id=0))
+  return {k: jnp.asarray(np.stack([r[k] for r in rows])) for k in rows[0]}
+
+
+def test_the_head_on_targets_only_gives_the_full_loss_and_gradients():
+  """`targets_per_row` computes the head at the target positions only: the same loss, the same
+  gradients, as the head at every position; a bound below a row's targets is reported."""
+  from flax import nnx
+  from bat_jax.sft import max_targets_per_row
+  model = tiny_model(vocab_size=96)
+  batch = _ragged_batch(96, np.random.default_rng(0))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+  def value_and_grad(loss_fn):
+    def f(p):
+      num, den, metrics = loss_fn(nnx.merge(graphdef, p, rest), batch, None)
+      return num / den, metrics
+    return jax.jit(jax.value_and_grad(f, has_aux=True))(params)
+
+  (full, _), full_grads = value_and_grad(sft_loss_fn(chunk_size=8))
+  (sel, metrics), sel_grads = value_and_grad(sft_loss_fn(chunk_size=8, targets_per_row=16))
+  np.testing.assert_allclose(float(sel), float(full), rtol=1e-6)
+  assert int(metrics["unscored_targets"]) == 0 and float(metrics["tokens"]) == 15 + 5 + 4 + 1
+  for a, b in zip(jax.tree.leaves(full_grads), jax.tree.leaves(sel_grads)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-4, atol=1e-7)
+  # Row 0 has 15 targets: a bound of 8 drops 7 of them, and says so.
+  (_, short), _ = value_and_grad(sft_loss_fn(chunk_size=8, targets_per_row=8))
+  assert int(short["unscored_targets"]) == 7
+  with pytest.raises(ValueError, match="7 target tokens fell past the per-row bound"):
+    SftBatches(iter(())).record(3, {"loss": 1.0, "unscored_targets": np.int32(7)})
+  examples = [(list(range(9)), [0, 1, 1, 0, 0, 0, 0, 0, 1]), (list(range(40)), [0] * 19 + [1] * 21)]
+  assert max_targets_per_row(examples) == 32 and max_targets_per_row(examples, 1) == 21
 
 
 def test_bad_examples_name_the_problem():

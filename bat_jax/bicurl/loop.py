@@ -14,11 +14,14 @@ mid-evaluation by re-running that evaluation, which is deterministic).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
 import logging
+import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -139,12 +142,36 @@ def _tiny_base(cfg: RunConfig, paths: RunPaths, tokenizer_dir: Path) -> tuple[Pa
                                    heldout_key=hashlib.sha256(cells.encode()).hexdigest())
 
 
+def _niced(fn: Callable[[], Any]) -> Any:
+  """`fn()` at nice 10 in this thread alone (Linux nice values are per thread), inherited by the
+  threads and sandbox processes it starts: they get the cores the trainer leaves idle."""
+  os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+  return fn()
+
+
+def _rows_beside_pretraining(cfg: RunConfig, paths: RunPaths) -> concurrent.futures.Future:
+  """Starts building the cold-start rows now, in a niced thread beside the base's pretraining;
+  after it they took ~60 s (run h1). On 2 cores the gain is small and noisy (the base took
+  407-462 s with them beside its echo phases, ~390 s alone), and beside the corpus phase or in a
+  niced process they cost more than they saved (runs f1, f4; experiments/README.md, "A
+  two-step plan")."""
+  pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sft-rows-bg")
+  future = pool.submit(_niced, lambda: setup.prepare_sft_rows(cfg, paths.sft_rows,
+                                                              paths.markers))
+  pool.shutdown(wait=False)
+  return future
+
+
 def _cold_start(cfg: RunConfig, paths: RunPaths, chat_format: ChatFormat,
-                tracker: _Tracker, checkpoint: Optional[Path]) -> tuple[nnx.Module, Optional[float]]:
+                tracker: _Tracker, checkpoint: Optional[Path],
+                rows_job: Optional[concurrent.futures.Future] = None
+                ) -> tuple[nnx.Module, Optional[float]]:
   """Cold-start SFT on the Stage Bank's expert rows from `checkpoint` (None: a random init),
-  resumable from its orbax checkpoints; returns the model and its validation NLL."""
+  resumable from its orbax checkpoints; returns the model and its validation NLL. `rows_job`:
+  the rows already being built (`_rows_beside_pretraining`), else they are built here."""
   rows_dir = multihost.primary_first(
-      "sft_rows", lambda: setup.prepare_sft_rows(cfg, paths.sft_rows, paths.markers))
+      "sft_rows", lambda: rows_job.result() if rows_job is not None
+      else setup.prepare_sft_rows(cfg, paths.sft_rows, paths.markers))
   train, validation = setup.sft_examples(cfg, rows_dir, chat_format)
   max_len = bucket_length(max(setup.example_lengths(train)), cfg.sft.max_seq_len)
   mesh = run_mesh(cfg)
@@ -314,7 +341,10 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any
   try:
     # ========================================================================== tiny base
     start = None if cfg.model.source == "scratch" else Path(cfg.model.path or "")
+    rows_job = None
     if cfg.model.source == "tiny_base" and not state.sft_done:
+      if multihost.is_primary():
+        rows_job = _rows_beside_pretraining(cfg, paths)
       with state.timed("pretrain"):
         start, state.pretrain = _tiny_base(cfg, paths, tokenizer_dir)
       _save(state, paths)
@@ -322,7 +352,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any
     # ========================================================================== cold-start SFT
     if not state.sft_done:
       with state.timed("sft"):
-        model, state.sft_validation_nll = _cold_start(cfg, paths, chat_format, tracker, start)
+        model, state.sft_validation_nll = _cold_start(cfg, paths, chat_format, tracker, start,
+                                                      rows_job)
       export_hf(model, paths.policy("sft"), tokenizer_dir=tokenizer_dir,
                 vision_source=setup.vision_source(cfg))
       del model  # the trained SFT params: the loop reloads the export (no second copy)

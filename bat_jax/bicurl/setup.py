@@ -155,7 +155,8 @@ def prepare_sft_rows(cfg: RunConfig, out_dir: Path, markers_path: Path) -> Path:
   spec = sft_rows.SftSpec(seed=cfg.stagebank.seed, tasks_per_state=per_state, states=states,
                           action_space=cfg.workflow.action_space,
                           first_action_tasks=cfg.sft.first_action_tasks,
-                          e2e_tasks=cfg.sft.e2e_tasks, stop_rows=cfg.sft.stop_rows)
+                          e2e_tasks=cfg.sft.e2e_tasks, stop_rows=cfg.sft.stop_rows,
+                          reaction_tasks=cfg.sft.reaction_tasks)
   checker = leakcheck.LeakChecker(load_matcher(markers_path))
   return sft_rows.build_sft_set(out_dir, spec, checker,
                                 sandbox_limits=cfg.sandbox, workers=cfg.stagebank.workers)
@@ -167,8 +168,8 @@ def sft_examples(cfg: RunConfig, rows_dir: Path,
 
   Rows longer than `sft.max_seq_len` are dropped; the rest are shuffled (seeded), the
   validation share (`sft.validation_fraction`, at most `sft.max_validation_examples`) is split
-  off and the train set is cut to `sft.num_examples` plus the rows of the `sft.first_action_tasks`
-  and `sft.e2e_tasks` parts.
+  off and the train set is cut to `sft.num_examples` plus the rows of the `sft.first_action_tasks`,
+  `sft.e2e_tasks` and `sft.reaction_tasks` parts.
   """
   rows = sft_rows.load_sft_rows(rows_dir)
   extra_rows = sum(r["metadata"].get("sft_part", "full") != "full" for r in rows)

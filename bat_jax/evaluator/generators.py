@@ -33,7 +33,7 @@ from bat_jax.taskkit import TrackFamily, toolspace
 from bat_jax.taskkit.base import opaque_task_id
 
 TIERS: tuple[str, ...] = ("lite", "standard")
-GENERATOR_VERSION = "heldout-v2"  # v2: stage-tools ids draw all ten digits
+GENERATOR_VERSION = "heldout-v3"  # v3: checkpoints by modality (S1); v2: ids draw all ten digits
 # Spec scaffolding the standard tier withholds (the public workflow still defines all of it).
 STANDARD_WITHHELD: tuple[str, ...] = ("artifacts", "record_fields", "receipt", "known_faults")
 

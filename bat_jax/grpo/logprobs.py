@@ -268,3 +268,46 @@ def taken_token_logprobs(model, input_ids: Array, *, valid: Array,
   if ent is not None:
     ent = shift_to_positions(jnp.where(scored, ent, 0.0))
   return logp, ent
+
+
+def selected_token_logprobs(model, input_ids: Array, *, valid: Array, select: Array,
+                            per_row: int, positions: Optional[Array] = None,
+                            chunk_size: int = 512, save_probs: bool = False,
+                            remat_policy: Optional[Callable[..., bool]] = None
+                            ) -> tuple[Array, Array, Array]:
+  """Logprobs of the `select`ed tokens only: the decoder runs over every token, the
+  unembedding and its softmax only over each row's first `per_row` selected positions.
+
+  A loss on a few tokens per row (an SFT row's target action: ~70 of ~600 tokens) otherwise pays
+  the `[D, V]` head and a V-wide softmax at every position; here it pays them at `per_row`
+  positions per row (`experiments/perf/sft_step.py`). Rows keep their batch axis, so batch
+  sharding carries through the gather.
+
+  Args:
+    model, input_ids, valid, positions, chunk_size, save_probs, remat_policy: as in
+      `taken_token_logprobs`.
+    select: `[B, T]` bool, the positions whose token's logprob is wanted (never column 0).
+    per_row: static bound on selected positions per row (`R`).
+
+  Returns:
+    `(logp [B, R], live [B, R] bool, overflow [])`: `logp[b, r]` is the logprob of row b's r-th
+    selected token where `live`, else 0; `overflow` counts selected positions beyond `per_row`
+    (dropped: a caller must treat > 0 as an error).
+  """
+  if select.shape != input_ids.shape or per_row < 1:
+    raise ValueError(f"select {select.shape} must be shaped like input_ids {input_ids.shape} "
+                     f"and per_row ({per_row}) >= 1")
+  valid = valid.astype(bool)
+  kw = {} if remat_policy is None else {"remat_policy": remat_policy}
+  hidden = model.hidden_states(input_ids, positions=positions, valid=valid, **kw)
+  # Row t of `hidden` predicts token t + 1: select on the predicted tokens, gather predictors.
+  chosen = (select.astype(bool) & valid)[:, 1:]                                 # [B, T-1]
+  index = jax.vmap(lambda m: jnp.nonzero(m, size=per_row, fill_value=0)[0])(chosen)  # [B, R]
+  count = chosen.sum(axis=1)                                                     # [B]
+  live = jnp.arange(per_row)[None, :] < count[:, None]                           # [B, R]
+  h_sel = jnp.take_along_axis(hidden[:, :-1], index[..., None], axis=1)           # [B, R, D]
+  t_sel = jnp.take_along_axis(input_ids[:, 1:], index, axis=1)                   # [B, R]
+  logp, _ = chunked_logprobs(h_sel, model.unembed_kernel(), t_sel, chunk_size=chunk_size,
+                             save_probs=save_probs)
+  overflow = jnp.maximum(count - per_row, 0).sum()
+  return jnp.where(live, logp, 0.0), live, overflow

@@ -20,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import itertools
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
@@ -140,6 +141,11 @@ class SftSpec:
     stop_rows: each executed focus (the `tasks_per_state` and `e2e_tasks` parts) also gives
       the row after its last call, whose target is the final turn: the agent ends its episode
       instead of calling on to its limit.
+    reaction_tasks: further tasks per (track, outcome) whose E2E episode gives the rows after
+      validation: the reaction to what it printed (infer, fix, or record the blocker) and every
+      call after, each after the real history. That decision is one row of an E2E episode, ~2%
+      of a set dominated by first actions; the tiny SFT policy garbled or skipped the fix on
+      every held-out recovery cell (experiments/README.md, "A two-step plan").
   """
   seed: int = 0
   tasks_per_state: int = 1
@@ -148,12 +154,17 @@ class SftSpec:
   first_action_tasks: int = 0
   e2e_tasks: int = 0
   stop_rows: bool = False
+  reaction_tasks: int = 0
 
   def to_json(self) -> dict[str, Any]:
     return {"seed": self.seed, "tasks_per_state": self.tasks_per_state,
             "states": [s.key for s in self.states], "action_space": self.action_space,
             "first_action_tasks": self.first_action_tasks, "e2e_tasks": self.e2e_tasks,
-            "stop_rows": self.stop_rows}
+            "stop_rows": self.stop_rows, "reaction_tasks": self.reaction_tasks}
+
+  def tasks_per_cell(self) -> int:
+    return (self.tasks_per_state + self.first_action_tasks + self.e2e_tasks
+            + self.reaction_tasks)
 
 
 class SftLeakError(RuntimeError):
@@ -191,7 +202,7 @@ def synthesize(spec: SftSpec, *, sandbox_limits: Any = None, workers: int = 1,
     cells.setdefault((state.track, state.outcome), []).append(state)
   jobs = [(track, outcome, sorted(states, key=lambda s: workflow.FOCI.index(s.focus)), i)
           for (track, outcome), states in cells.items()
-          for i in range(spec.tasks_per_state + spec.first_action_tasks + spec.e2e_tasks)]
+          for i in range(spec.tasks_per_cell())]
   one_task = lambda job: _clean_task_rows(spec, limits, job, checker, redraws)
   if workers <= 1:
     for job in jobs:
@@ -233,7 +244,7 @@ def _one_task_rows(spec: SftSpec, limits: Any, track: str, outcome: str,
   if part == "first_action":  # first actions only: their context has no observation
     return _tagged(part, [r for state in states for r in row(
         state, focus_actions(train_tasks, instance, state.focus)[:1], [""], stop=False)])
-  if part == "e2e":
+  if part in ("e2e", "reaction"):
     states = [s for s in states if s.focus == workflow.E2E]
   out = []
   with tempfile.TemporaryDirectory(prefix="bat-sft-") as tmp:
@@ -243,16 +254,21 @@ def _one_task_rows(spec: SftSpec, limits: Any, track: str, outcome: str,
       actions = focus_actions(train_tasks, instance, state.focus)
       observations = [sandbox.execute(a["arguments"]["language"],
                                       a["arguments"]["code"]).observation for a in actions]
-      out += row(state, actions, observations, stop=spec.stop_rows)
+      rows = row(state, actions, observations, stop=spec.stop_rows)
+      out += rows[REACTION_INDEX:] if part == "reaction" else rows
   return _tagged(part, out)
+
+
+# An E2E episode's action after plan, setup and validate: the reaction to validation's report.
+REACTION_INDEX = 3
 
 
 def sft_part(spec: SftSpec, i: int) -> str:
   """Which part of `spec` task `i` of a (track, outcome) cell belongs to: `full` (every focus,
-  executed), `first_action` or `e2e` (the row metadata's `sft_part`)."""
-  if i < spec.tasks_per_state:
-    return "full"
-  return "first_action" if i < spec.tasks_per_state + spec.first_action_tasks else "e2e"
+  executed), `first_action`, `e2e` or `reaction` (the row metadata's `sft_part`)."""
+  ends = itertools.accumulate((spec.tasks_per_state, spec.first_action_tasks, spec.e2e_tasks))
+  return next((part for part, end in zip(("full", "first_action", "e2e"), ends) if i < end),
+              "reaction")
 
 
 def _tagged(part: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

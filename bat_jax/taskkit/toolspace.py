@@ -12,6 +12,14 @@ artifacts and receipts by executed calls.
 arguments copied from the task facts (`task_facts`) or, for the reactive steps, from what an
 earlier observation names (validate prints `fault: ... subject: ...`).
 
+S1 is a two-step look-up, not a copy: the model folder holds one checkpoint per imaging
+modality (`checkpoints`), the facts line lists them by modality (`weights: ct w3, mr w5, us w1`)
+beside the task's own (`modality: mr`), and the plan names the task's. The policy must first
+read the modality, then find that modality's id in the list, in an order drawn per task; the
+other calls copy one value found by its key. (Until run h1 every call was a one-key copy and the
+post-SFT policy scored S1 and S2 1.000 on every held-out cell; experiments/README.md, "A
+two-step plan".)
+
 The facts a call copies are short task ids (`card: c4; weights: w8; data: d2; ...`; the spec's
 `ids` maps each to the real path or list, and the tools resolve them): a path such as
 `models/helix-seg-4/card.json` is 9-17 pieces to a 1k-token tokenizer, different for every model
@@ -31,6 +39,7 @@ import functools
 import hashlib
 import json
 import os
+import random
 import shlex
 from typing import Any
 
@@ -62,6 +71,10 @@ def tool_files() -> dict[str, bytes]:
 
 # The first letter of each kind of short id; the number follows (`_short_ids`).
 ID_LETTERS = {"card": "c", "weights": "w", "data": "d", "validation": "v", "submission": "s"}
+# The modalities a task's checkpoints are trained on; each model folder holds `N_CHECKPOINTS`
+# of them, the task's own (the card's weights) and others, one id per modality.
+MODALITIES = ("ct", "mr", "us", "xr", "pet")
+N_CHECKPOINTS = 3
 
 
 def _values(instance: TaskInstance) -> dict[str, str]:
@@ -85,6 +98,35 @@ def _short_ids(task_id: str) -> dict[str, str]:
   return {kind: f"{letter}{digest(kind) % 10}" for kind, letter in ID_LETTERS.items()}
 
 
+@dataclasses.dataclass(frozen=True)
+class Checkpoints:
+  """The checkpoints of a stage-tools task: its own modality, and (modality, short id, path)
+  for each checkpoint in the order the facts line lists them."""
+  modality: str
+  listed: tuple[tuple[str, str, str], ...]
+
+
+def _checkpoints(task_id: str, weights_rel: str, weights_id: str) -> Checkpoints:
+  """The task's modality and its checkpoint list, drawn per task: the card's weights are the
+  task modality's; the others sit beside them (`<stem>-<modality>.json`) under other ids."""
+  rng = random.Random(f"{task_id}|checkpoints")
+  modalities = rng.sample(MODALITIES, N_CHECKPOINTS)
+  own, letter = modalities[0], ID_LETTERS["weights"]
+  digits = rng.sample([d for d in range(10) if f"{letter}{d}" != weights_id], N_CHECKPOINTS - 1)
+  stem = weights_rel.removesuffix(".json")
+  entries = {own: (weights_id, weights_rel)}
+  entries.update({m: (f"{letter}{d}", f"{stem}-{m}.json")
+                  for m, d in zip(modalities[1:], digits)})
+  order = rng.sample(modalities, N_CHECKPOINTS)
+  return Checkpoints(own, tuple((m, *entries[m]) for m in order))
+
+
+def _other_checkpoint(intact_weights: str, modality: str) -> bytes:
+  """Another modality's checkpoint: loadable, never the task's (only the plan names one)."""
+  blob = json.loads(intact_weights)
+  return json.dumps(dict(blob, modality=modality), sort_keys=True).encode()
+
+
 def short_id(instance: TaskInstance, value: Any) -> Any:
   """The short id standing for `value` in this task (`value` itself when none does)."""
   inverse = {real: short for short, real in instance.spec.get("ids", {}).items()}
@@ -96,19 +138,23 @@ def facts(instance: TaskInstance) -> dict[str, Any]:
   if instance.action_space != "stage_tools":
     raise ValueError(f"{instance.task_id} is a {instance.action_space!r} task, not stage_tools")
   f = {kind: short_id(instance, v) for kind, v in _values(instance).items()}
-  return {"card": f["card"], "weights": f["weights"], "data": f["data"],
-          "cases": instance.hidden["n_cases"], "validation": f["validation"],
+  return {"card": f["card"], "modality": instance.spec["modality"], "weights": f["weights"],
+          "data": f["data"], "cases": instance.hidden["n_cases"], "validation": f["validation"],
           "submission": f["submission"]}
 
 
 def task_facts(instance: TaskInstance) -> str:
-  """The facts line briefs quote: `card: ...; weights: ...; data: ...; cases: N; ...`.
+  """The facts line briefs quote: `card: ...; modality: mr; weights: ct w3, mr w5, us w1;
+  data: ...; cases: N; ...` (every checkpoint by modality; the plan names the task's).
 
   Each value follows a space, as it does after its flag in a call (`--data data/x`), so a
   byte-level BPE tokenizer splits it the same way in both places (`=data` would be one token in
   `data=data/x` but ` data` in the call): copying it is copying tokens.
   """
-  return "; ".join(f"{k}: {v}" for k, v in facts(instance).items())
+  shown = dict(facts(instance))
+  shown["weights"] = ", ".join(f"{m} {short_id(instance, path)}"
+                               for m, path in instance.spec["checkpoints"])
+  return "; ".join(f"{k}: {v}" for k, v in shown.items())
 
 
 def with_stage_tools(instance: TaskInstance) -> TaskInstance:
@@ -116,9 +162,14 @@ def with_stage_tools(instance: TaskInstance) -> TaskInstance:
   if instance.action_space != "code":
     raise ValueError(f"{instance.task_id}: already in action space {instance.action_space!r}")
   values, ids = _values(instance), _short_ids(instance.task_id)
+  ckpts = _checkpoints(instance.task_id, values["weights"], ids["weights"])
   spec = dict(instance.spec, stage_tools=dict(workflow.STAGE_TOOLS),
-              ids={ids[kind]: values[kind] for kind in ID_LETTERS})
+              ids={ids[kind]: values[kind] for kind in ID_LETTERS},
+              modality=ckpts.modality, checkpoints=[[m, path] for m, _, path in ckpts.listed])
+  spec["ids"].update({short: path for _, short, path in ckpts.listed})
   files = dict(instance.files)
+  files.update({path: _other_checkpoint(instance.hidden["probe"]["weights"], m)
+                for m, _, path in ckpts.listed if m != ckpts.modality})
   files.update(tool_files())
   files[A["spec"]] = json.dumps(spec, indent=1, sort_keys=True).encode()
   return dataclasses.replace(instance, files=files, action_space="stage_tools")

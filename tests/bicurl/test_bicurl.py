@@ -90,6 +90,24 @@ def test_untrained_stage_stop_masks_only_the_closing_turn_of_stopped_stage_rows(
   np.testing.assert_array_equal(cut["advantages"], kept["advantages"])
 
 
+def test_rows_beside_pretraining_run_niced_and_leave_the_trainer_thread_alone():
+  """The cold-start rows are built beside the base's pretraining at nice 10: set on their own
+  thread only (Linux nice is per thread) and inherited by what that thread starts."""
+  import concurrent.futures
+  import threading
+  from bat_jax.bicurl import loop
+  me = lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+  before = me()
+
+  def started_inside():
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:   # as the rows' sandbox workers
+      return me(), pool.submit(me).result()
+
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    own, child = pool.submit(loop._niced, started_inside).result()
+  assert own == child == min(before + 10, 19) and me() == before
+
+
 def test_sft_states_cover_tracks_before_repeating():
   states, per_state = sft_states(48)   # two (track, outcome) cells x six foci
   assert per_state == 1 and len(states) == 12

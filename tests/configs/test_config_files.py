@@ -74,7 +74,7 @@ def test_misspelt_override_fails_naming_the_field():
     ("--config.evaluator.kind=external", "config.evaluator.external.argv: must be a non-empty"),
     ("--config.gate.max_task_drop=-0.1", "config.gate.max_task_drop: must be a finite number"),
     ("--config.grpo.group_size=1", "config.grpo.group_size: must be >= 2"),
-    ("--config.grpo.micro_batches=3", "config.grpo.micro_batches: 3 does not divide the 16"),
+    ("--config.grpo.micro_batches=5", "config.grpo.micro_batches: 5 does not divide the 12"),
     ("--config.rollout.limits.max_tool_calls=30", "config.rollout.limits.max_tool_calls: 30"),
     ("--config.mesh.fsdp=0", "config.mesh.fsdp: must be -1"),
     ("--config.rollout.sampling.top_p=1.5", "config.rollout.sampling: "),

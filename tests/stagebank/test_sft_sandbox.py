@@ -95,6 +95,36 @@ def test_e2e_tasks_add_whole_episodes_only(tmp_path, require_bwrap):
   assert spec.to_json()["e2e_tasks"] == 2
 
 
+def test_reaction_tasks_add_the_e2e_rows_after_validation(tmp_path, require_bwrap):
+  """`reaction_tasks` rows: the E2E episode of further tasks from the call after validation on
+  (the reaction to what it printed, then every call after), each after the real history."""
+  checker = leakcheck.LeakChecker(markers.MarkerMatcher(markers.empty_export()),
+                                   allow_no_markers=True)
+  states = tuple(grid.GridState(f, "segmentation", o) for o in ("recovery", "failure")
+                 for f in ("E2E", "S4"))
+  spec = sft_rows.SftSpec(seed=6, states=states, tasks_per_state=0, reaction_tasks=1,
+                          action_space="stage_tools", stop_rows=True)
+  assert sft_rows.sft_part(spec, 0) == "reaction"
+  rows = sft_rows.load_sft_rows(sft_rows.build_sft_set(tmp_path / "sft", spec, checker))
+  assert {(r["metadata"]["sft_part"], r["metadata"]["stage"]) for r in rows} == {
+      ("reaction", "E2E")}
+  for outcome, first in (("recovery", "tools/fix.py --fault"), ("failure", "--blocked")):
+    mine = [r for r in rows if r["metadata"]["outcome"] == outcome]
+    instance = train_tasks.generate("segmentation", mine[0]["metadata"]["workspace_recipe"]
+                                    ["seed"], outcome, "stage_tools")
+    expert = sft_rows.focus_actions(train_tasks, instance, "E2E")
+    # Every expert call from the reaction on, then the stop turn.
+    assert [sft_rows.target_action(r) for r in mine[:-1]] == expert[3:]
+    assert "final" in sft_rows.target_action(mine[-1])
+    assert first in sft_rows.target_action(mine[0])["arguments"]["code"]
+    history = [m for m in mine[0]["messages"] if m["role"] == "tool"]
+    fault_line = toolspace.stage_tools.fault_line(
+        instance.hidden["fault"], toolspace.short_id(instance, instance.hidden["fault_subject"]),
+        outcome == "recovery")
+    assert len(history) == 3 and fault_line in history[-1]["content"]
+  assert spec.to_json()["reaction_tasks"] == 1
+
+
 def _first_action_spec(seed: int = 4) -> sft_rows.SftSpec:
   return sft_rows.SftSpec(seed=seed, states=STATES, tasks_per_state=0, first_action_tasks=3,
                           action_space="stage_tools")

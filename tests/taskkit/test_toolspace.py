@@ -41,8 +41,9 @@ def test_actions_are_short_grounded_tool_calls():
   assert str(toolspace.short_id(inst, inst.hidden["fault_subject"])) in fix
   # The copied values are short ids (a letter, a digit) that the spec maps to real values.
   ids = inst.spec["ids"]
-  assert sorted(facts[k] for k in toolspace.ID_LETTERS) == sorted(ids) and all(
-      re.fullmatch(r"[cwdvs]\d", i) for i in ids), ids
+  others = {short for m, short, _ in _listed(inst) if m != facts["modality"]}
+  assert sorted([facts[k] for k in toolspace.ID_LETTERS] + sorted(others)) == sorted(ids)
+  assert all(re.fullmatch(r"[cwdvs]\d", i) for i in ids), ids
   assert ids[facts["card"]] == inst.spec["model"]["card"]
   assert ids[facts["validation"]] == ",".join(inst.spec["validation_case_ids"])
   assert toolspace.task_facts(inst) in inst.brief and "tools/" in inst.brief
@@ -53,6 +54,53 @@ def test_actions_are_short_grounded_tool_calls():
       code_task.files)
   with pytest.raises(ValueError, match="action space"):
     train_tasks.generate("classification", 5, "recovery", "gui")
+
+
+def _listed(inst) -> list[tuple[str, str, str]]:
+  """(modality, short id, path) of each checkpoint, in the facts line's order."""
+  return [(m, toolspace.short_id(inst, path), path) for m, path in inst.spec["checkpoints"]]
+
+
+@pytest.mark.parametrize("side", ["train", "heldout"])
+def test_the_plan_names_the_checkpoint_of_the_tasks_modality(side):
+  """S1 is a two-step look-up: the facts line lists one checkpoint per modality, in an order
+  drawn per task, and the expert's plan names the card's weights, the task modality's."""
+  make = (lambda s: train_tasks.generate(workflow.TRACKS[s % 7], s, "success", "stage_tools")) \
+      if side == "train" else \
+      (lambda s: generators.generate(workflow.TRACKS[s % 7], s, "success", "lite", "stage_tools"))
+  positions, modalities = collections.Counter(), collections.Counter()
+  for seed in range(42):
+    inst = make(seed)
+    facts, listed = toolspace.facts(inst), _listed(inst)
+    own = [i for i, (m, _, _) in enumerate(listed) if m == facts["modality"]]
+    assert len(own) == 1 and len({m for m, _, _ in listed}) == toolspace.N_CHECKPOINTS
+    assert len({short for _, short, _ in listed}) == toolspace.N_CHECKPOINTS
+    _, short, path = listed[own[0]]
+    assert path == inst.hidden["weights"] and short == facts["weights"]
+    line = toolspace.task_facts(inst)
+    assert f"modality: {facts['modality']};" in line
+    assert "weights: " + ", ".join(f"{m} {s}" for m, s, _ in listed) + ";" in line
+    plan = toolspace.tool_actions(inst, "S1")[0]["arguments"]["code"]
+    assert f"--weights {facts['weights']} " in plan
+    assert all(p in inst.files for _, _, p in listed)   # every listed checkpoint exists
+    positions[own[0]] += 1
+    modalities[facts["modality"]] += 1
+  # Neither a position nor a modality answers it: the look-up is needed.
+  assert len(positions) == toolspace.N_CHECKPOINTS and max(positions.values()) <= 24
+  assert set(modalities) == set(toolspace.MODALITIES)
+
+
+def test_a_plan_naming_another_modalitys_checkpoint_is_not_grounded(tmp_path):
+  inst = train_tasks.generate("detection", 4, "success", "stage_tools")
+  facts = toolspace.facts(inst)
+  wrong = next(s for m, s, _ in _listed(inst) if m != facts["modality"])
+  for weights, grounded in ((wrong, False), (facts["weights"], True)):
+    sandbox = materialize_at(inst, "S1", tmp_path / weights)
+    res = _run(sandbox, f"python tools/plan.py --weights {weights} --data {facts['data']} "
+                        f"--cases {facts['cases']}")
+    assert res.exit_code == 0, res.stderr
+    items = _score(inst, "S1", sandbox).stage_items["S1"]
+    assert items["resources_grounded"] is grounded and items["plan_written"]
 
 
 # The default suite runs one cell per track (outcomes rotating); the slow run every cell.
