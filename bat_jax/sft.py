@@ -66,7 +66,7 @@ def sft_loss_fn(*, chunk_size: int = 512, context_weight: float = 0.0,
           model, batch["input_ids"], valid=batch["valid"], select=batch["loss_mask"],
           per_row=min(targets_per_row, batch["input_ids"].shape[1]),
           positions=batch.get("positions"), chunk_size=chunk_size, remat_policy=remat_policy)
-      nll = -jnp.where(live, logp, 0.0).sum()
+      nll = -logp.sum()    # 0 past each row's targets (`live`)
       return nll, live.sum().astype(jnp.float32), {
           "tokens": mask.sum(), "nll_sum": nll, "unscored_targets": overflow}
     logp, _ = taken_token_logprobs(model, batch["input_ids"], positions=batch.get("positions"),

@@ -230,6 +230,13 @@ def shift_to_positions(values: Array) -> Array:
   return jnp.pad(values, ((0, 0), (1, 0)))
 
 
+def _final_hidden(model, input_ids: Array, valid: Array, positions: Optional[Array],
+                  remat_policy: Optional[Callable[..., bool]]) -> Array:
+  """`[B, T, D]` final hidden states (the training forward, rematerialised by `remat_policy`)."""
+  kw = {} if remat_policy is None else {"remat_policy": remat_policy}
+  return model.hidden_states(input_ids, positions=positions, valid=valid, **kw)
+
+
 def taken_token_logprobs(model, input_ids: Array, *, valid: Array,
                          positions: Optional[Array] = None, chunk_size: int = 512,
                          temperature: float = 1.0, with_entropy: bool = False,
@@ -257,8 +264,7 @@ def taken_token_logprobs(model, input_ids: Array, *, valid: Array,
     raise ValueError(f"valid {None if valid is None else valid.shape} must be a [B, T] mask "
                      f"shaped like input_ids {input_ids.shape}")
   valid = valid.astype(bool)
-  kw = {} if remat_policy is None else {"remat_policy": remat_policy}
-  hidden = model.hidden_states(input_ids, positions=positions, valid=valid, **kw)
+  hidden = _final_hidden(model, input_ids, valid, positions, remat_policy)
   logp, ent = chunked_logprobs(hidden[:, :-1], model.unembed_kernel(), input_ids[:, 1:],
                                chunk_size=chunk_size, temperature=temperature,
                                with_entropy=with_entropy, save_probs=save_probs)
@@ -298,8 +304,7 @@ def selected_token_logprobs(model, input_ids: Array, *, valid: Array, select: Ar
     raise ValueError(f"select {select.shape} must be shaped like input_ids {input_ids.shape} "
                      f"and per_row ({per_row}) >= 1")
   valid = valid.astype(bool)
-  kw = {} if remat_policy is None else {"remat_policy": remat_policy}
-  hidden = model.hidden_states(input_ids, positions=positions, valid=valid, **kw)
+  hidden = _final_hidden(model, input_ids, valid, positions, remat_policy)
   # Row t of `hidden` predicts token t + 1: select on the predicted tokens, gather predictors.
   chosen = (select.astype(bool) & valid)[:, 1:]                                 # [B, T-1]
   index = jax.vmap(lambda m: jnp.nonzero(m, size=per_row, fill_value=0)[0])(chosen)  # [B, R]
