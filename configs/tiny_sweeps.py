@@ -39,6 +39,11 @@ SWEEPS: Mapping[str, tuple[Variant, ...]] = {
     # The KL anchor's weight: the reference's 0.006 up to the tiny default's 0.5 and beyond
     # (experiments/README.md, "The KL anchor").
     "kl_coef": tuple((f"kl{k:g}", {"grpo.kl_coef": k}) for k in (0.006, 0.1, 0.5, 2.0)),
+    # GRPO's step size at the tiny default's KL anchor (0.5): 1e-4 (the default until run m1),
+    # the default 3e-4, and 5e-4 with the first steps warmed up (experiments/README.md,
+    # "GRPO's step").
+    "grpo_lr": (("lr1e-4", {"grpo.lr": 1e-4}), ("lr3e-4", {"grpo.lr": 3e-4}),
+                ("lr5e-4-warm3", {"grpo.lr": 5e-4, "grpo.warmup_steps": 3})),
 }
 
 

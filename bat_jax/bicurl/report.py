@@ -39,6 +39,28 @@ def standard_error(values: list[float]) -> Optional[float]:
   return (math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values)) ** 0.5
 
 
+def stage_reach(report: dict[str, Any]) -> Optional[dict[str, Any]]:
+  """Each stage's score split into how often an episode reached it and how well it did there:
+  `evidence[S]` cells of `cells` hold evidence of S, and `where_reached[S]` is the stage's
+  mean over those cells. Exact, from the aggregate alone: a stage without evidence scores 0
+  in an end-to-end cell, so the sum over the reached cells is the mean times all cells.
+
+  Why: the reported S5 is 0 in every cell that never reached `submit`, so a downstream stage
+  can be the weakest as reported and strong where it is reached (run m1's SFT policy: S5
+  0.250 as reported, 0.750 over the 14 of 42 cells that reached it; experiments/README.md,
+  "GRPO's step"). None for a report without completion counts or with invalid cells.
+  """
+  completion = report.get("completion")
+  if not completion or completion["valid"] != completion["cells"] or not completion["cells"]:
+    return None
+  cells, evidence = completion["cells"], completion["stage_evidence"]
+  score = report["stage_scores"]
+  return {"cells": cells, "evidence": dict(evidence),
+          "where_reached": {s: (min(1.0, score[s] * cells / evidence[s])
+                                if evidence[s] and score[s] is not None else None)
+                            for s in workflow.STAGES}}
+
+
 def headline(report: dict[str, Any]) -> dict[str, Any]:
   """The evaluation numbers the report shows (aggregate scores only).
 
@@ -46,7 +68,8 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
   are not exported), i.e. the track is the unit of replication.
   """
   tracks = [t for t in report.get("track_scores", {}).values() if t["overall"] is not None]
-  return {"overall": report["overall"], "task": report["task_score"],
+  return {"stage_reach": stage_reach(report),
+          "overall": report["overall"], "task": report["task_score"],
           "agentic": report["agentic"], "stage_scores": dict(report["stage_scores"]),
           "failure_categories": dict(report.get("failure_categories", {})),
           "standard_errors": {
@@ -103,6 +126,23 @@ def _pm(x: Optional[float], se: Optional[float]) -> str:
   return _fmt(x) if se is None or x is None else f"{x:.3f} ± {se:.3f}"
 
 
+def _reach_table(evaluations: list[dict[str, Any]]) -> list[str]:
+  """Per stage: its mean over the cells that reached it, and how many did (`stage_reach`)."""
+  rows = [(e["policy"], e["stage_reach"]) for e in evaluations if e.get("stage_reach")]
+  if not rows:
+    return []
+  lines = ["", "Where each stage was reached (cells holding its evidence): the stage's mean "
+           "over those cells (cells / all). A stage without evidence scores 0 above, so "
+           "upstream failures lower every later stage there.", "",
+           "| policy | " + " | ".join(workflow.STAGES) + " |",
+           "|---|" + "---:|" * len(workflow.STAGES)]
+  for policy, reach in rows:
+    lines.append(f"| {policy} | " + " | ".join(
+        f"{_fmt(reach['where_reached'][s])} ({reach['evidence'][s]}/{reach['cells']})"
+        for s in workflow.STAGES) + " |")
+  return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
   """Tables: held-out scores per evaluated policy (± standard error over tracks), rounds
   (target, gate, target stage before/after), phase wall times."""
@@ -116,6 +156,7 @@ def markdown(report: dict[str, Any]) -> str:
                  f"{_fmt(e['agentic'])} | "
                  + " | ".join(_pm(e["stage_scores"][s], se["stage_scores"].get(s))
                               for s in workflow.STAGES) + " |")
+  lines += _reach_table(report["evaluations"])
   lines += ["", "## Target stage before / after its round", "",
             "| round | target | before | after |", "|---:|---|---:|---:|"]
   lines += [f"| {t['round']} | {t['target']} | {_fmt(t['before'])} | {_fmt(t['after'])} |"

@@ -106,3 +106,35 @@ def test_kl_plot_without_an_applied_update_shows_a_note_not_empty_axes():
   assert notes and "no GRPO update applied in 2 step(s)" in notes[0]
   applied = rewards_kl_figure([{"reward_mean": 0.3, "no_signal": 0.0, "kl": 0.01}])
   assert len(applied.axes[1].texts) == 0  # a real KL curve needs no note
+
+
+def test_stage_reach_splits_each_stage_into_reach_and_its_mean_where_reached():
+  """From the aggregate of real cell records: a cell that stopped after S3 scores 0 on S4 and
+  S5, so S5 as reported is low while its mean over the cells that reached it is not."""
+  def cell(track, scores):
+    return {"cell": {"track": track}, "valid": True, "invalid_reason": None,
+            "stage_scores": dict(zip(workflow.STAGES, scores)), "task_score": 0.5,
+            "agentic": 0.5, "overall": 0.5, "finish_reason": "agent_stop",
+            "malformed_turns": 0, "submitted": scores[4] > 0,
+            "stage_evidence": {s: v > 0 for s, v in zip(workflow.STAGES, scores)}}
+  records = [cell(workflow.TRACKS[0], [1.0, 1.0, 0.5, 1.0, 0.75]),
+             cell(workflow.TRACKS[0], [1.0, 1.0, 1.0, 0.0, 0.0]),
+             cell(workflow.TRACKS[1], [0.8, 1.0, 1.0, 0.0, 0.0]),
+             cell(workflow.TRACKS[1], [0.8, 0.0, 0.0, 0.0, 0.0])]
+  report = aggregation.aggregate(records, tier="lite", protocol_digest="a" * 64,
+                                 cell_set_digest="b" * 64)
+  reach = headline(report)["stage_reach"]
+  assert reach["cells"] == 4
+  assert reach["evidence"] == {"S1": 4, "S2": 3, "S3": 3, "S4": 1, "S5": 1}
+  assert report["stage_scores"]["S5"] == pytest.approx(0.1875)
+  assert reach["where_reached"] == pytest.approx(
+      {"S1": 0.9, "S2": 1.0, "S3": 2.5 / 3, "S4": 1.0, "S5": 0.75})
+  state = OuterState(sft_done=True, baseline="sft")
+  state.evaluations["sft"] = headline(report)
+  md = markdown(build_report(state))
+  assert "| sft | 0.900 (4/4) | 1.000 (3/4) | 0.833 (3/4) | 1.000 (1/4) | 0.750 (1/4) |" in md
+  # An aggregate with an invalid cell (its stage means count it as 0) gets no split.
+  broken = dict(report, completion=dict(report["completion"], valid=3))
+  assert headline(broken)["stage_reach"] is None
+  assert "Where each stage was reached" not in markdown(build_report(OuterState(
+      sft_done=True, baseline="sft", evaluations={"sft": headline(broken)})))
