@@ -177,6 +177,7 @@ BOUNDS: Mapping[str, Bound] = {
     "gate.max_track_drop": _DROP, "gate.max_stage_drop": _DROP,
     "gate.catastrophic_overall_drop": _DROP,
     "gate.tolerance": Bound(0, 0.01, "float slack at the gate's boundaries"),
+    "gate.track_noise_z": Bound(0, 10, "paired standard errors added to a track's limit"),
     "logging.log_every_steps": _count(1e9, "steps between log lines"),
 }
 

@@ -28,6 +28,15 @@ Modes (`MODES`):
 - `uniform`: equal weight on every scored stage; ignores the scores. Pool mix from the config.
 - `e2e_only`: every row from the E2E pool (pool mix 0/0/1); stage weights uniform over the
   scored stages (they select nothing, but stay a distribution).
+- `reach_argmin`: BaT's rule with a stage's two causes of a low score told apart. A reported
+  score is reach x quality (`reach`: the share of cells whose episode got to the stage; an
+  unreached stage scores 0), and S-target practice starts *at* its stage, so it can raise
+  quality but not reach. The target is the argmin of quality where reached (score / reach,
+  over reached stages); the share of the stage loss `sum(1 - score)` that is reach loss
+  `sum(1 - reach)` moves from the configured mix to the E2E pool, whose episodes run from the
+  start. With every stage reached everywhere it is `argmin` exactly. Why: after SFT, run m1
+  reached S4 in 13 of 42 held-out cells and scored 0.69 there; argmin sent its rounds to S4 and
+  S5 practice that cannot fix reach (experiments/README.md, "GRPO's step").
 
 When no stage is scored at all there is nothing to rank; the array core then returns uniform
 stage weights over all five stages (jitted code cannot raise).
@@ -109,6 +118,9 @@ class _Ranking(NamedTuple):
   key: jax.Array        # [..., 5] lower = more in need of practice; +inf where not eligible
   eligible: jax.Array   # [..., 5] bool: the stages the key ranks
   live: jax.Array       # [..., 5] bool: stages with a candidate score
+  score: jax.Array      # [..., 5] the candidate's stage scores (NaN = null)
+  reach: jax.Array      # [..., 5] share of cells that reached each stage (1 when not given)
+  by_regression: jax.Array  # [..., 1] bool: the key is minus the regression (gate held)
 
 
 ModeFn = Callable[[_Ranking, CurriculumConfig], tuple[jax.Array, jax.Array]]
@@ -156,15 +168,33 @@ def _e2e_only(ranking: _Ranking, cfg: CurriculumConfig) -> tuple[jax.Array, jax.
   return pool, _normalised(ranking.live)
 
 
+def _reach_argmin(ranking: _Ranking, cfg: CurriculumConfig) -> tuple[jax.Array, jax.Array]:
+  reached = ranking.eligible & (ranking.reach > 0)
+  quality = jnp.minimum(ranking.score / jnp.where(reached, ranking.reach, 1.0), 1.0)
+  key = jnp.where(ranking.by_regression, ranking.key, jnp.where(reached, quality, jnp.inf))
+  eligible = jnp.where(ranking.by_regression, ranking.eligible, reached)
+  mix, stage = _argmin(ranking._replace(key=key, eligible=eligible), cfg)
+  # 1 - score = (1 - reach) + reach * (1 - quality), so the reach share lies in [0, 1].
+  reach_loss = jnp.where(ranking.live, 1.0 - ranking.reach, 0.0).sum(-1, keepdims=True)
+  stage_loss = jnp.where(ranking.live, 1.0 - ranking.score, 0.0).sum(-1, keepdims=True)
+  reach_share = jnp.where(stage_loss > 0,
+                          jnp.clip(reach_loss / jnp.where(stage_loss > 0, stage_loss, 1.0),
+                                   0.0, 1.0), 0.0)
+  e2e = jnp.asarray([p == "e2e" for p in workflow.POOLS], jnp.float32)
+  return reach_share * e2e + (1.0 - reach_share) * mix, stage
+
+
 MODES: Mapping[str, ModeFn] = {
     "argmin": _argmin,
     "softmin": _softmin,
     "uniform": _uniform,
     "e2e_only": _e2e_only,
+    "reach_argmin": _reach_argmin,
 }
 
 
-def _rank(candidate: jax.Array, baseline: jax.Array, gate_passed: jax.Array) -> _Ranking:
+def _rank(candidate: jax.Array, baseline: jax.Array, gate_passed: jax.Array,
+          reach: jax.Array) -> _Ranking:
   """The key each mode ranks by: candidate score, or minus the regression on a held gate."""
   live = ~jnp.isnan(candidate)
   paired = live & ~jnp.isnan(baseline)
@@ -173,7 +203,8 @@ def _rank(candidate: jax.Array, baseline: jax.Array, gate_passed: jax.Array) -> 
   use_regression = use_regression[..., None]
   eligible = jnp.where(use_regression, paired, live)
   key = jnp.where(use_regression, -regression, candidate)
-  return _Ranking(key=jnp.where(eligible, key, jnp.inf), eligible=eligible, live=live)
+  return _Ranking(key=jnp.where(eligible, key, jnp.inf), eligible=eligible, live=live,
+                  score=candidate, reach=reach, by_regression=use_regression)
 
 
 def _check_stage_axis(name: str, x: jax.Array) -> None:
@@ -183,7 +214,8 @@ def _check_stage_axis(name: str, x: jax.Array) -> None:
 
 
 def weights_array(candidate: ArrayLike, baseline: Optional[ArrayLike], gate_passed: Any,
-                  cfg: CurriculumConfig) -> tuple[jax.Array, jax.Array]:
+                  cfg: CurriculumConfig, reach: Optional[ArrayLike] = None
+                  ) -> tuple[jax.Array, jax.Array]:
   """The jittable core.
 
   Args:
@@ -191,6 +223,8 @@ def weights_array(candidate: ArrayLike, baseline: Optional[ArrayLike], gate_pass
     baseline: `[..., 5]` baseline stage scores (NaN = null), or None (no baseline yet).
     gate_passed: bool, scalar or `[...]`.
     cfg: static settings.
+    reach: `[..., 5]` share of the candidate's cells that reached each stage, in [0, 1], or
+      None (every stage reached everywhere); only `reach_argmin` reads it.
 
   Returns:
     `(pool_mix [..., 3], stage_weights [..., 5])`, float32, each summing to 1 on the last axis.
@@ -202,7 +236,10 @@ def weights_array(candidate: ArrayLike, baseline: Optional[ArrayLike], gate_pass
   _check_stage_axis("baseline_scores", base)
   base = jnp.broadcast_to(base, cand.shape)
   passed = jnp.broadcast_to(jnp.asarray(gate_passed, bool), cand.shape[:-1])
-  return MODES[cfg.mode](_rank(cand, base, passed), cfg)
+  reached = jnp.ones_like(cand) if reach is None else jnp.asarray(reach, jnp.float32)
+  _check_stage_axis("reach", reached)
+  reached = jnp.broadcast_to(reached, cand.shape)
+  return MODES[cfg.mode](_rank(cand, base, passed, reached), cfg)
 
 
 def stage_vector(scores: Optional[ScoreDict], name: str = "stage_scores") -> np.ndarray:
@@ -229,22 +266,40 @@ def stage_vector(scores: Optional[ScoreDict], name: str = "stage_scores") -> np.
 def weights(candidate_scores: Union[ArrayLike, ScoreDict],
             baseline_scores: Union[ArrayLike, ScoreDict, None],
             gate_passed: Any,
-            cfg: CurriculumConfig) -> Union[RoundWeights, tuple[jax.Array, jax.Array]]:
+            cfg: CurriculumConfig,
+            reach: Union[ArrayLike, ScoreDict, None] = None,
+            ) -> Union[RoundWeights, tuple[jax.Array, jax.Array]]:
   """Pool mix and stage weights for the next round.
 
   Arrays in (`[..., 5]`, NaN = null): `(pool_mix, stage_weights)` arrays out, see
   `weights_array` (jittable, vmappable). Dicts in (`{"S1": 0.7, ..., "S5": None}`, the
   evaluator's `stage_scores`): the `RoundWeights` the outer loop keeps and the Stage Bank
-  builds the round with. `baseline_scores` may be None (first round: no baseline).
+  builds the round with. `baseline_scores` may be None (first round: no baseline). `reach`
+  (`reach_fractions` of the candidate's report, or None) is read by `reach_argmin` only.
   """
   if not isinstance(candidate_scores, Mapping):
-    return weights_array(candidate_scores, baseline_scores, gate_passed, cfg)
+    return weights_array(candidate_scores, baseline_scores, gate_passed, cfg, reach)
   if baseline_scores is not None and not isinstance(baseline_scores, Mapping):
     raise TypeError("baseline_scores must be a dict like candidate_scores, or None")
   cand = stage_vector(candidate_scores, "candidate_scores")
   base = stage_vector(baseline_scores, "baseline_scores")
-  pool, stage = weights_array(cand, base, bool(gate_passed), cfg)
+  reach_vector = None
+  if reach is not None:
+    reach_vector = stage_vector(reach, "reach")
+    if np.isnan(reach_vector).any():
+      raise ValueError(f"reach: needs a share for every stage {workflow.STAGES}, got {reach!r}")
+  pool, stage = weights_array(cand, base, bool(gate_passed), cfg, reach_vector)
   return RoundWeights(pool_dict(pool), stage_dict(stage))
+
+
+def reach_fractions(report: Mapping[str, Any]) -> Optional[dict[str, float]]:
+  """`{"S1": share, ...}`: the share of a report's cells whose episode reached each stage (its
+  `completion.stage_evidence` / cells); None when the report has no completion counts."""
+  completion = report.get("completion")
+  if not completion or not completion.get("cells"):
+    return None
+  cells = completion["cells"]
+  return {s: completion["stage_evidence"][s] / cells for s in workflow.STAGES}
 
 
 def stage_dict(stage_weights: ArrayLike) -> dict[str, float]:

@@ -402,6 +402,9 @@ def gate_config() -> ml_collections.ConfigDict:
   s.guarded_stages = ("S3", "S4", "S5")
   s.catastrophic_overall_drop = 0.20
   s.tolerance = 1e-9                # float-representation slack at the boundaries
+  # 0 = the reference's plain per-track limit; z > 0 widens it by z paired standard errors of
+  # the track's per-cell differences (bat_jax.gate), for tracks of a few cells.
+  s.track_noise_z = 0.0
   return s
 
 

@@ -1,4 +1,5 @@
-r"""The tiny study: argmin (BaT) vs softmin, uniform and e2e_only at equal GRPO steps, over seeds.
+r"""The tiny study: argmin (BaT) vs softmin, uniform, e2e_only and reach_argmin at equal GRPO
+steps, over seeds.
 
 A sweep (`experiments/sweep.py`'s machinery: every run's config validated before anything
 starts, one progress line per run, resume, exit 1 if a run failed, mean ± standard error tables
@@ -34,7 +35,7 @@ import sweep  # noqa: E402
 
 from bat_jax.io_utils import atomic_write_json  # noqa: E402
 
-MODES = ("argmin", "softmin", "uniform", "e2e_only")
+MODES = ("argmin", "softmin", "uniform", "e2e_only", "reach_argmin")
 CONFIG = sweep.CONFIG
 # What a forked run copies from its seed's first run: everything the cold start produced. The
 # run secret keys the held-out cells: without it a fork's evaluations would not be paired with

@@ -368,8 +368,9 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any
     baseline_report = _evaluate(cfg, state, paths, server, chat_format, sft_model, "sft",
                                 0, tracker)
     if state.next_weights is None:
-      state.next_weights = curriculum.weights(baseline_report["stage_scores"], None, True,
-                                              cfg.curriculum)
+      state.next_weights = curriculum.weights(
+          baseline_report["stage_scores"], None, True, cfg.curriculum,
+          reach=curriculum.reach_fractions(baseline_report))
       _save(state, paths)
     if state.baseline != "sft":
       baseline_report = evaluate_policy(cfg, server, chat_format, paths.policy(state.baseline),
@@ -419,7 +420,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any
       decision = gate.check(baseline_report, candidate_report, cfg.gate, outcome.healthy)
       next_weights = curriculum.weights(
           candidate_report["stage_scores"], baseline_report["stage_scores"], decision.passed,
-          cfg.curriculum)
+          cfg.curriculum, reach=curriculum.reach_fractions(candidate_report))
       if r + 1 < cfg.grpo.rounds and multihost.is_primary():
         bank.request(r + 1, next_weights)  # as early as possible: synthesis overlaps the rest
       state.rounds.append(RoundRecord(

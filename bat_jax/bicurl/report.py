@@ -20,23 +20,11 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from bat_jax import workflow  # noqa: E402
 from bat_jax.bicurl.state import OuterState  # noqa: E402
 from bat_jax.io_utils import atomic_write_json, atomic_write_text  # noqa: E402
+from bat_jax.stats import paired_change, standard_error  # noqa: E402,F401  (re-exported)
 
 PLOTS = ("stage_scores.png", "rewards_kl.png")
 KL_NOTE = ("no GRPO update applied in {steps} step(s)\n(tied rewards in every group:\n"
            "no_signal), so no KL to show")
-
-
-def standard_error(values: list[float]) -> Optional[float]:
-  """Sample standard deviation / sqrt(n); None for fewer than two values.
-
-  Exactly rounded sums (`math.fsum`), so the order of `values` cannot change the last bits: a
-  report's tracks come back from its JSON file sorted by name, and a rerun that reads the file
-  must report the same errors as the run that wrote it (it did not: 0.014285714285714289 vs
-  ...285)."""
-  if len(values) < 2:
-    return None
-  mean = math.fsum(values) / len(values)
-  return (math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values)) ** 0.5
 
 
 def stage_reach(report: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -64,11 +52,14 @@ def stage_reach(report: dict[str, Any]) -> Optional[dict[str, Any]]:
 def headline(report: dict[str, Any]) -> dict[str, Any]:
   """The evaluation numbers the report shows (aggregate scores only).
 
-  `standard_errors` are over the per-track means of the aggregate report (the cells of a track
-  are not exported), i.e. the track is the unit of replication.
+  `standard_errors` are over the per-track means of the aggregate report, i.e. the track is
+  the unit of replication; `cell_overall` (per track, when the evaluator exports it) keeps the
+  per-cell overall scores for the paired round changes (`build_report`).
   """
   tracks = [t for t in report.get("track_scores", {}).values() if t["overall"] is not None]
-  return {"stage_reach": stage_reach(report),
+  cells = {t: v["cell_overall"] for t, v in report.get("track_scores", {}).items()
+           if isinstance(v, dict) and "cell_overall" in v}
+  return {"stage_reach": stage_reach(report), "cell_overall": cells or None,
           "overall": report["overall"], "task": report["task_score"],
           "agentic": report["agentic"], "stage_scores": dict(report["stage_scores"]),
           "failure_categories": dict(report.get("failure_categories", {})),
@@ -96,13 +87,21 @@ def build_report(state: OuterState) -> dict[str, Any]:
       "rounds": [{k: v for k, v in dataclasses.asdict(r).items() if k != "steps"}
                  | {"grpo_steps": len(r.steps),
                     "reward_mean": _mean([s["reward_mean"] for s in r.steps]),
-                    "kl_mean": _mean([s["kl"] for s in r.steps if "kl" in s])}
+                    "kl_mean": _mean([s["kl"] for s in r.steps if "kl" in s]),
+                    "change": _change(state, r.start_policy, r.candidate)}
                  for r in state.rounds],
+      "accepted_vs_sft": _change(state, "sft", state.baseline),
       "steps": [{"round": r.round, **s} for r in state.rounds for s in r.steps],
       "baseline": state.baseline,
       "phase_seconds": {k: round(v, 2) for k, v in state.phase_seconds.items()},
       "finished_rounds": len(state.rounds),
   }
+
+
+def _change(state: OuterState, before: str, after: str) -> Optional[dict[str, Any]]:
+  """Held-out overall of `after` minus `before`, per cell, with its paired standard error."""
+  cells = [state.evaluations.get(n, {}).get("cell_overall") for n in (before, after)]
+  return paired_change(*cells)
 
 
 def _target_scores(state: OuterState, r: Any) -> dict[str, Any]:
@@ -124,6 +123,13 @@ def _fmt(x: Optional[float]) -> str:
 
 def _pm(x: Optional[float], se: Optional[float]) -> str:
   return _fmt(x) if se is None or x is None else f"{x:.3f} ± {se:.3f}"
+
+
+def _change_text(change: Optional[dict[str, Any]]) -> str:
+  if not change:
+    return "-"
+  se = change["se"]
+  return f"{change['mean']:+.3f}" + ("" if se is None else f" ± {se:.3f}")
 
 
 def _reach_table(evaluations: list[dict[str, Any]]) -> list[str]:
@@ -165,18 +171,25 @@ def markdown(report: dict[str, Any]) -> str:
             f"{report.get('grpo_steps_total', 0)} (the others had tied rewards in every group: "
             "`no_signal`)."]
   lines += ["", "## Rounds", "",
-            "| round | target | stage weights | pool mix | start | gate | promoted | healthy | "
-            "reward | KL | held because |",
-            "|---:|---|---|---|---|---|---|---|---:|---:|---|"]
+            "Change: the candidate's held-out overall minus its start policy's, mean over the "
+            "cells ± paired standard error.", "",
+            "| round | target | stage weights | pool mix | start | change | gate | promoted | "
+            "healthy | reward | KL | held because |",
+            "|---:|---|---|---|---|---:|---|---|---|---:|---:|---|"]
   for r in report["rounds"]:
     reasons = "; ".join(r["gate"]["reasons"]) or "-"
     stage_w = " ".join(f"{s}:{r['weights']['stage_weights'][s]:.2f}" for s in workflow.STAGES
                        if r["weights"]["stage_weights"][s])
     pool_w = " ".join(f"{p}:{r['weights']['pool_mix'][p]:.2f}" for p in workflow.POOLS)
     lines.append(f"| {r['round']} | {r['target']} | {stage_w} | {pool_w} | {r['start_policy']} | "
+                 f"{_change_text(r.get('change'))} | "
                  f"{'pass' if r['gate']['passed'] else 'hold'} | {r['promoted']} | "
                  f"{r['healthy']} | {_fmt(r['reward_mean'])} | {_fmt(r['kl_mean'])} | "
                  f"{reasons} |")
+  accepted = report.get("accepted_vs_sft")
+  if accepted:
+    lines += ["", f"Accepted policy `{report['baseline']}` minus the SFT policy: "
+              f"{_change_text(accepted)} (paired over {accepted['cells']} cells)."]
   lines += ["", "## Wall time per phase (s)", "", "| phase | seconds |", "|---|---:|"]
   lines += [f"| {k} | {v:.1f} |" for k, v in report["phase_seconds"].items()]
   base = report.get("pretrain")
@@ -280,7 +293,9 @@ def run_summary(report: dict[str, Any], workdir: str | Path) -> str:
       f"{report['grpo_steps_applied']} of {report['grpo_steps_total']} GRPO steps applied; "
       f"promoted policy {report['baseline']}",
       f"held-out overall: {trail}",
-      f"{report['baseline']} per stage: {stages}",
+      f"{report['baseline']} per stage: {stages}"
+      + ("" if not report.get("accepted_vs_sft") else
+         f"; minus SFT {_change_text(report['accepted_vs_sft'])} (paired per cell)"),
       f"report:   {workdir / 'report.md'} (data: report.json)",
       "plots:    " + ", ".join(str(workdir / p) for p in PLOTS),
       f"policies: {policies}/{{{','.join(kept)}}}"])

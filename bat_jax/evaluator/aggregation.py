@@ -13,6 +13,8 @@ end-to-end cell).
 from __future__ import annotations
 
 import collections
+import hashlib
+import json
 import math
 from typing import Any, Mapping, Optional, Sequence
 
@@ -42,6 +44,18 @@ def _scores(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
   }
 
 
+def _cell_order(record: Mapping[str, Any]) -> str:
+  """A per-cell sort key that reveals nothing of the cell: the digest of its descriptor."""
+  return hashlib.sha256(json.dumps(record["cell"], sort_keys=True).encode()).hexdigest()
+
+
+def cell_overall(records: Sequence[Mapping[str, Any]]) -> list[float]:
+  """Per-cell overall scores (an invalid cell 0) in the digest order, so two reports on one
+  cell set list the same cells in the same places: the gate pairs them for its noise estimate."""
+  ordered = sorted(records, key=_cell_order)
+  return [float(r["overall"]) if r["valid"] else 0.0 for r in ordered]
+
+
 def failure_categories(record: Mapping[str, Any]) -> list[str]:
   """The failure categories one cell record falls under (firewall.FAILURE_CATEGORIES)."""
   if not record["valid"]:
@@ -69,7 +83,8 @@ def aggregate(records: Sequence[Mapping[str, Any]], *, tier: str, protocol_diges
     if not mine:
       continue
     scores = _scores(mine)
-    tracks[track] = {**scores, "cells": len(mine), "valid": sum(r["valid"] for r in mine)}
+    tracks[track] = {**scores, "cells": len(mine), "valid": sum(r["valid"] for r in mine),
+                     "cell_overall": cell_overall(mine)}
   categories = collections.Counter(c for r in records for c in failure_categories(r))
   report = {
       "schema": REPORT_SCHEMA, "tier": tier,

@@ -67,12 +67,21 @@ def _one_of(options: tuple[str, ...]) -> Rule:
   return rule
 
 
-def _fields(spec: Mapping[str, Rule]) -> Rule:
-  """A mapping with exactly these keys."""
+def _score_list(value: Any, path: str) -> None:
+  if not isinstance(value, list):
+    _fail(path, f"must be a list of scores, got {type(value).__name__}")
+  for i, v in enumerate(value):
+    if v is None:
+      _fail(f"{path}[{i}]", "must be a score in [0, 1], got null")
+    _score(v, f"{path}[{i}]")
+
+
+def _fields(spec: Mapping[str, Rule], optional: Mapping[str, Rule] = {}) -> Rule:  # noqa: B006
+  """A mapping with exactly these keys, plus any of the `optional` ones."""
   def rule(value: Any, path: str) -> None:
     if not isinstance(value, Mapping):
       _fail(path, f"must be an object, got {type(value).__name__}")
-    extra = sorted(str(k) for k in value if k not in spec)
+    extra = sorted(str(k) for k in value if k not in spec and k not in optional)
     if extra:
       _fail(f"{path}.{extra[0]}", "is not an allowed field")
     missing = sorted(k for k in spec if k not in value)
@@ -80,6 +89,9 @@ def _fields(spec: Mapping[str, Rule]) -> Rule:
       _fail(f"{path}.{missing[0]}", "is missing")
     for k, sub in spec.items():
       sub(value[k], f"{path}.{k}")
+    for k, sub in optional.items():
+      if k in value:
+        sub(value[k], f"{path}.{k}")
   return rule
 
 
@@ -96,8 +108,12 @@ def _map(keys: tuple[str, ...], sub: Rule) -> Rule:
 
 
 _STAGE_SCORES = _fields({s: _score for s in workflow.STAGES})
+# `cell_overall` (optional): the track's per-cell overall scores, for the gate's paired noise
+# estimate. Scores only, in an order keyed by a digest of each cell (`aggregation`), the same in
+# every report of one cell set; the order says nothing of a cell (not even its outcome bucket).
 _TRACK = _fields({"overall": _score, "task": _score, "agentic": _score,
-                  "stage_scores": _STAGE_SCORES, "cells": _count, "valid": _count})
+                  "stage_scores": _STAGE_SCORES, "cells": _count, "valid": _count},
+                 optional={"cell_overall": _score_list})
 REPORT_RULE: Rule = _fields({
     "schema": _one_of((REPORT_SCHEMA,)),
     "tier": _one_of(TIERS),

@@ -137,7 +137,7 @@ def test_outer_state_round_trips_and_reports(tmp_path):
   assert [e["policy"] for e in report["evaluations"]] == ["sft", "round_000000"]
   assert report["rounds"][0]["reward_mean"] == 0.25 and report["rounds"][0]["kl_mean"] == 0.01
   md = markdown(report)
-  assert "| 0 | S1 | S4:1.00 | s_target:0.50 s_mix:0.25 e2e:0.25 | sft | hold | False |" in md
+  assert "| 0 | S1 | S4:1.00 | s_target:0.50 s_mix:0.25 e2e:0.25 | sft | - | hold | False |" in md
   assert "overall_drop: 0.02 > 0.01" in md
 
 

@@ -138,3 +138,40 @@ def test_stage_reach_splits_each_stage_into_reach_and_its_mean_where_reached():
   assert headline(broken)["stage_reach"] is None
   assert "Where each stage was reached" not in markdown(build_report(OuterState(
       sft_done=True, baseline="sft", evaluations={"sft": headline(broken)})))
+
+
+def test_each_round_and_the_accepted_policy_show_their_paired_change():
+  """From aggregates of real cell records: the change is the mean of the per-cell changes, and
+  its standard error is that of the paired differences (one cell moved, the others did not)."""
+  def cell(track, seed, overall):
+    return {"cell": {"track": track, "seed": seed}, "valid": True, "invalid_reason": None,
+            "stage_scores": {s: overall for s in workflow.STAGES}, "task_score": overall,
+            "agentic": overall, "overall": overall, "finish_reason": "agent_stop",
+            "malformed_turns": 0, "submitted": True,
+            "stage_evidence": {s: True for s in workflow.STAGES}}
+  cells = [(t, seed) for t in workflow.TRACKS[:2] for seed in range(3)]
+  before = [cell(t, s, 0.5) for t, s in cells]
+  after = [cell(t, s, 0.8 if (t, s) == cells[4] else 0.5) for t, s in cells]
+  state = OuterState(sft_done=True, baseline="round_000000")
+  for name, records in (("sft", before), ("round_000000", after[::-1])):
+    state.evaluations[name] = headline(aggregation.aggregate(
+        records, tier="lite", protocol_digest="a" * 64, cell_set_digest="b" * 64))
+  state.rounds.append(RoundRecord(
+      round=0, target="S3", weights={"pool_mix": {p: 1 / 3 for p in workflow.POOLS},
+                                     "stage_weights": {s: float(s == "S3")
+                                                       for s in workflow.STAGES}},
+      start_policy="sft", candidate="round_000000",
+      gate={"passed": True, "reasons": [], "checks": {}}, promoted=True, healthy=True,
+      steps=[{"reward_mean": 0.2, "no_signal": 0.0}]))
+  report = build_report(state)
+  se = standard_error([0.3, 0, 0, 0, 0, 0])
+  assert report["rounds"][0]["change"] == pytest.approx({"mean": 0.05, "se": se, "cells": 6})
+  assert report["accepted_vs_sft"] == report["rounds"][0]["change"]
+  md = markdown(report)
+  assert f"| sft | +0.050 ± {se:.3f} | pass |" in md
+  assert f"`round_000000` minus the SFT policy: +0.050 ± {se:.3f} (paired over 6 cells)" in md
+  summary = run_summary(report, "/tmp/run").splitlines()
+  assert summary[2].endswith(f"; minus SFT +0.050 ± {se:.3f} (paired per cell)")
+  # Without per-cell scores (an external evaluator's report) there is no change to show.
+  del state.evaluations["sft"]["cell_overall"]
+  assert build_report(state)["rounds"][0]["change"] is None
