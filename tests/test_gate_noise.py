@@ -95,6 +95,7 @@ def test_per_cell_lists_of_other_lengths_are_refused():
     ([0.5, 1.5], r"cell_overall\[1\]: must be a score"),
     ([None], r"cell_overall\[0\]: must be a score in \[0, 1\], got null"),
     ([{"seed": 3}], r"cell_overall\[0\]: must be a score"),
+    ([0.5] * 7, r"cell_overall: must list one score per cell \(6\), got 7"),
 ])
 def test_firewall_admits_only_scores_in_cell_overall(value, match):
   rep = _report({})

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 from bat_jax import workflow
 from bat_jax.io_utils import atomic_write_json
@@ -76,8 +76,10 @@ def _score_list(value: Any, path: str) -> None:
     _score(v, f"{path}[{i}]")
 
 
-def _fields(spec: Mapping[str, Rule], optional: Mapping[str, Rule] = {}) -> Rule:  # noqa: B006
+def _fields(spec: Mapping[str, Rule], optional: Optional[Mapping[str, Rule]] = None) -> Rule:
   """A mapping with exactly these keys, plus any of the `optional` ones."""
+  optional = optional or {}
+
   def rule(value: Any, path: str) -> None:
     if not isinstance(value, Mapping):
       _fail(path, f"must be an object, got {type(value).__name__}")
@@ -111,9 +113,16 @@ _STAGE_SCORES = _fields({s: _score for s in workflow.STAGES})
 # `cell_overall` (optional): the track's per-cell overall scores, for the gate's paired noise
 # estimate. Scores only, in an order keyed by a digest of each cell (`aggregation`), the same in
 # every report of one cell set; the order says nothing of a cell (not even its outcome bucket).
-_TRACK = _fields({"overall": _score, "task": _score, "agentic": _score,
-                  "stage_scores": _STAGE_SCORES, "cells": _count, "valid": _count},
-                 optional={"cell_overall": _score_list})
+_TRACK_FIELDS = _fields({"overall": _score, "task": _score, "agentic": _score,
+                         "stage_scores": _STAGE_SCORES, "cells": _count, "valid": _count},
+                        optional={"cell_overall": _score_list})
+
+
+def _TRACK(value: Any, path: str) -> None:  # noqa: N802  (a rule, named like the others)
+  _TRACK_FIELDS(value, path)
+  if "cell_overall" in value and len(value["cell_overall"]) != value["cells"]:
+    _fail(f"{path}.cell_overall", f"must list one score per cell ({value['cells']}), got "
+          f"{len(value['cell_overall'])}")
 REPORT_RULE: Rule = _fields({
     "schema": _one_of((REPORT_SCHEMA,)),
     "tier": _one_of(TIERS),
