@@ -123,6 +123,8 @@ def _TRACK(value: Any, path: str) -> None:  # noqa: N802  (a rule, named like th
   if "cell_overall" in value and len(value["cell_overall"]) != value["cells"]:
     _fail(f"{path}.cell_overall", f"must list one score per cell ({value['cells']}), got "
           f"{len(value['cell_overall'])}")
+
+
 REPORT_RULE: Rule = _fields({
     "schema": _one_of((REPORT_SCHEMA,)),
     "tier": _one_of(TIERS),
