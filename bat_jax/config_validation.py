@@ -92,6 +92,11 @@ class _Checker:
     if value is None or isinstance(value, bool) or not ok(value):
       self.fail(path, f"must be {what}, got {value!r}")
 
+  def flag(self, *paths: str) -> None:
+    for path in paths:
+      if not isinstance(self.get(path), bool):
+        self.fail(path, f"must be True or False, got {self.get(path)!r}")
+
   def positive(self, *paths: str) -> None:
     for p in paths:
       self.that(p, lambda v: v > 0, "> 0")
@@ -196,6 +201,7 @@ def _check_training(ck: _Checker) -> None:
   ck.that("sft.first_action_tasks", lambda v: isinstance(v, int) and v >= 0, "an int >= 0")
   ck.that("sft.e2e_tasks", lambda v: isinstance(v, int) and v >= 0, "an int >= 0")
   ck.that("sft.reaction_tasks", lambda v: isinstance(v, int) and v >= 0, "an int >= 0")
+  ck.flag("sft.stop_rows", "sft.stage_stop_rows")
   ck.that("sft.bucket_lengths", lambda v: all(isinstance(b, int) and b > 0 for b in v),
           "a tuple of ints > 0")
   ck.fraction("sft.validation_fraction")
@@ -269,6 +275,10 @@ def _check_rollout(ck: _Checker) -> None:
   # Greedy (0) is fine for serving but not for GRPO, which divides logits by the temperature.
   ck.that("rollout.sampling.temperature", lambda v: v > 0, "> 0 for RL rollouts")
   ck.positive("rollout.max_concurrent_trajectories")
+  ck.flag("rollout.stage_end")
+  if ck.get("rollout.stage_end") is True and ck.get("workflow.action_space") != "stage_tools":
+    ck.fail("rollout.stage_end", "needs workflow.action_space 'stage_tools' (only its calls "
+            f"name their stage), got {ck.get('workflow.action_space')!r}")
   turns, calls = (ck.get("rollout.limits.max_assistant_turns"),
                   ck.get("rollout.limits.max_tool_calls"))
   if isinstance(turns, int) and isinstance(calls, int) and calls >= turns:

@@ -16,6 +16,7 @@ from bat_jax import workflow
 # Why a rollout (a training trajectory or an evaluation cell) ended.
 FINISH_REASONS: tuple[str, ...] = (
     "agent_stop",        # the policy ended a turn without a tool call (it is done)
+    "stage_end",         # a stage-local row's turn called a later stage (`rollout.stage_end`)
     "max_turns",         # assistant-turn limit reached
     "max_tool_calls",    # the policy asked for a tool call past the limit
     "max_response_tokens",  # cumulative generated-token budget used up

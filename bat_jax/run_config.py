@@ -33,6 +33,7 @@ class RolloutConfig:
   sampling: SamplingParams
   limits: RolloutLimits
   max_concurrent_trajectories: int
+  stage_end: bool
   jax: ConfigDict
   sglang: ConfigDict
 
@@ -75,7 +76,8 @@ class RunConfig:
     r = cfg.rollout
     rollout = RolloutConfig(
         engine=r.engine, sampling=typed["rollout.sampling"], limits=typed["rollout.limits"],
-        max_concurrent_trajectories=r.max_concurrent_trajectories, jax=r.jax, sglang=r.sglang)
+        max_concurrent_trajectories=r.max_concurrent_trajectories, stage_end=r.stage_end,
+        jax=r.jax, sglang=r.sglang)
     plain = {f.name: cfg[f.name] for f in dataclasses.fields(cls)
              if f.name in cfg and isinstance(cfg[f.name], (ConfigDict, int))
              and f.name not in ("rollout", "sandbox", "curriculum", "gate")}

@@ -8,6 +8,7 @@ every task follows, the rubric item ids of each stage and the scoring formulas. 
 from __future__ import annotations
 
 import math
+import re
 from typing import Mapping, Optional
 
 # ---------------------------------------------------------------------------------------------
@@ -254,6 +255,17 @@ STAGE_TOOLS: Mapping[str, str] = {
            "lists in the spec's `ids`; every tool also takes the real value",
 }
 TOOL_COMMANDS: tuple[str, ...] = ("plan", "setup", "validate", "fix", "infer", "submit")
+# The stage each command's call belongs to (`fix` is validation's repair, within S3).
+COMMAND_STAGES: Mapping[str, str] = {"plan": "S1", "setup": "S2", "validate": "S3", "fix": "S3",
+                                     "infer": "S4", "submit": "S5"}
+_COMMAND_CALL = re.compile(r"\s*python3?\s+(?:\./)?" + TOOLS_DIR + r"/(\w+)\.py(?:\s|$)")
+
+
+def call_stage(code: str) -> Optional[str]:
+  """The stage of a stage-tools call (`python tools/infer.py --data d1` -> S4), or None for
+  code that does not start with a stage command."""
+  match = _COMMAND_CALL.match(code)
+  return COMMAND_STAGES.get(match.group(1)) if match else None
 # Every file the stage tools ship: one entry script per command, the shared kit, and the
 # pipeline sources `setup` installs under pipeline/.
 STAGE_TOOL_FILES: tuple[str, ...] = tuple(f"{TOOLS_DIR}/{c}.py" for c in TOOL_COMMANDS) + (

@@ -215,6 +215,10 @@ def sft_config() -> ml_collections.ConfigDict:
   # with no tool call (bat_jax.stagebank.sft_rows.STOP_TEXT): the policy learns to end an
   # episode instead of calling on to the turn limit.
   s.stop_rows = False
+  # With `stop_rows`, also after the last call of a stage-local focus before S5 (False: only
+  # where the workflow ends, after E2E and S5). There an E2E episode goes on to the next stage,
+  # so a stop row teaches the opposite of the E2E rows at the same observation.
+  s.stage_stop_rows = True
   # Further tasks per (track, outcome) giving the rows of their E2E episode after validation:
   # the reaction to what it printed, and every call after (sft_rows.SftSpec).
   s.reaction_tasks = 0
@@ -297,6 +301,10 @@ def rollout_config() -> ml_collections.ConfigDict:
   s.limits.max_code_chars = 32768        # per tool call; not in the release
   s.limits.max_context_tokens = config_dict.placeholder(int)  # None: engine decides
   s.max_concurrent_trajectories = 32     # one update's worth (8 groups x 4)
+  # A stage-local row ends where its stage does: a call of a later stage's command ends the
+  # trajectory unrun (`stage_end`) instead of the policy having to stop there (stage-tools
+  # action space only, whose calls name their stage).
+  s.stage_end = False
   s.jax = ml_collections.ConfigDict()
   s.jax.batch_size = 32          # rows decoded together
   s.jax.max_len = 49152          # KV-cache length: prompt + responses + observations

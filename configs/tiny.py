@@ -152,6 +152,13 @@ def _sft(c: ml_collections.ConfigDict) -> None:
   # A final turn after each focus's last call: episodes and rollouts end where the work does
   # (without it every held-out cell and rollout ran to its call limit).
   c.sft.stop_rows = True
+  # ... but only where the workflow ends (E2E, S5): a stage-local S1-S4 row ends at its
+  # stage's last call, and its rollouts end at the next stage's call (`rollout.stage_end`).
+  # With stop rows there, the SFT policy stopped E2E episodes after "validation ok", as the S3
+  # rows taught (greedy on fresh training tasks, run m1's SFT policy: `infer` after validation
+  # 0.57 of success and 0.10 of fixed recovery episodes, against 1.00 for the S4 rows' first
+  # call; experiments/README.md, "Cut at both ends").
+  c.sft.stage_stop_rows = False
   c.sft.max_seq_len = 1152
   # Stage-local rows are 385-621 tokens, E2E rows up to ~1,100: batches drawn per length bucket
   # are padded to their bucket instead of 1,152 (one more step compile, ~13 s, each).
@@ -216,6 +223,7 @@ def _rollout(c: ml_collections.ConfigDict) -> None:
   c.rollout.limits.max_observation_chars = 512
   c.rollout.limits.max_context_tokens = 2048
   c.rollout.max_concurrent_trajectories = 16
+  c.rollout.stage_end = True
   c.rollout.jax.batch_size = 16
   c.rollout.jax.max_len = 2048
   c.rollout.jax.prefill_chunk = 256

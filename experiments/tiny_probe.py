@@ -16,6 +16,7 @@ tiny world (model width, rows, steps, lr, preamble) costs one probe: minutes, no
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import random
@@ -97,6 +98,7 @@ def main(argv: list[str]) -> None:
   from bat_jax.bicurl import bank as bank_lib, loop, policy, setup
   from bat_jax.bicurl.state import RunPaths
   from bat_jax.checkpointing import export_hf
+  from bat_jax.evaluator.cells import load_or_create_secret
   from bat_jax.run_config import RunConfig
   cfg = RunConfig.from_config(_CONFIG.value)
   paths = RunPaths(Path(_WORKDIR.value).absolute())
@@ -135,6 +137,10 @@ def main(argv: list[str]) -> None:
             **decode_scores(cfg, model, chat_format, rows)}
   result["seconds"]["decode"] = time.time() - t0 - sum(result["seconds"].values())
   if _HELDOUT.value:
+    # The run's own cells (keyed by WORKDIR/eval_secret, as in the main job): copy a run's
+    # secret in first to evaluate on its cells, paired.
+    secret = load_or_create_secret(paths.eval_secret)
+    cfg = dataclasses.replace(cfg, evaluation=dataclasses.replace(cfg.evaluation, secret=secret))
     export_hf(model, paths.policy("sft"), tokenizer_dir=tok_dir)
     server = policy.make_policy_server(model, cfg, paths.workdir, tok_dir)
     report = policy.evaluate_policy(cfg, server, chat_format, paths.policy("sft"),

@@ -77,3 +77,12 @@ def test_format_observation_cut_with_marker():
   long = workflow.format_observation(1, "x" * 5000, "err")
   assert len(long) <= workflow.MAX_OBSERVATION_CHARS and "truncated" in long
   assert long.startswith("exit_code=1\nstdout:x")
+
+
+def test_call_stage_names_the_stage_of_a_stage_tools_call():
+  assert workflow.call_stage("python tools/fix.py --fault x --subject y") == "S3"
+  assert workflow.call_stage("python3 ./tools/submit.py --to s1") == "S5"
+  assert workflow.call_stage("python tools/infer.py --blocked missing_case") == "S4"
+  for code in ("cat tools/infer.py", "python tools/kit.py", "python tools/infer.pyc",
+               "echo python tools/infer.py"):
+    assert workflow.call_stage(code) is None, code

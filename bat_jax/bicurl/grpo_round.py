@@ -126,7 +126,12 @@ def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConf
            "failed_turns": float(failed.mean()),
            "errors": float(reasons.count("error")), "aborted": float(reasons.count("aborted")),
            "excluded_trajectories": float((~keep).sum()),
-           "dropped_groups": float(len(dropped_groups)), "length": float(longest)}
+           "dropped_groups": float(len(dropped_groups)), "length": float(longest),
+           "stage_ends": float(reasons.count("stage_end"))}
+  pools = np.asarray([t.pool for t in trajectories])
+  for pool in workflow.POOLS:  # is the round's own practice learnt? (report.reward_by_pool)
+    if (valid & (pools == pool)).any():
+      stats[f"reward_{pool}"] = float(collated["rewards"][valid & (pools == pool)].mean())
   # The sampler's logprobs ride along for truncated IS and the sampler_gap metric.
   loss_mask = collated["loss_mask"] * keep[:, None].astype(np.float32)
   if not train_stage_stop:
@@ -250,7 +255,7 @@ class GrpoRound:
                           cache_dir=workspace_root / "boundary_cache"),
         sampling=cfg.rollout.sampling, limits=cfg.rollout.limits,
         concurrency=max(1, cfg.rollout.max_concurrent_trajectories),
-        step_tokens=worker_step_tokens(server.engine))
+        step_tokens=worker_step_tokens(server.engine), stage_end=cfg.rollout.stage_end)
 
   def rollout_seed(self, step: int) -> int:
     """The sampler seed of step `step`'s rollouts: the same on a replay of the step."""

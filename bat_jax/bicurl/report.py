@@ -88,6 +88,7 @@ def build_report(state: OuterState) -> dict[str, Any]:
                  | {"grpo_steps": len(r.steps),
                     "reward_mean": _mean([s["reward_mean"] for s in r.steps]),
                     "kl_mean": _mean([s["kl"] for s in r.steps if "kl" in s]),
+                    "reward_by_pool": _pool_rewards(r.steps),
                     "change": _change(state, r.start_policy, r.candidate)}
                  for r in state.rounds],
       "accepted_vs_sft": _change(state, "sft", state.baseline),
@@ -111,6 +112,20 @@ def _target_scores(state: OuterState, r: Any) -> dict[str, Any]:
     return None if e is None or r.target not in e["stage_scores"] else e["stage_scores"][r.target]
   return {"round": r.round, "target": r.target, "start_policy": r.start_policy,
           "before": score(r.start_policy), "after": score(r.candidate)}
+
+
+def _pool_rewards(steps: list[dict]) -> dict[str, dict[str, Optional[float]]]:
+  """Per pool, its mean training reward over the first and the last third of a round's steps:
+  whether the round learnt its own practice, apart from whether that reached held-out cells."""
+  third = max(1, len(steps) // 3)
+  return {pool: {part: _mean([s[f"reward_{pool}"] for s in chunk if f"reward_{pool}" in s])
+                 for part, chunk in (("first", steps[:third]), ("last", steps[-third:]))}
+          for pool in workflow.POOLS}
+
+
+def _pool_text(round_report: dict, pool: str) -> str:
+  part = round_report.get("reward_by_pool", {}).get(pool, {})
+  return f"{_fmt(part.get('first'))} → {_fmt(part.get('last'))}"
 
 
 def _mean(values: list[float]) -> Optional[float]:
@@ -174,8 +189,8 @@ def markdown(report: dict[str, Any]) -> str:
             "Change: the candidate's held-out overall minus its start policy's, mean over the "
             "cells ± paired standard error.", "",
             "| round | target | stage weights | pool mix | start | change | gate | promoted | "
-            "healthy | reward | KL | held because |",
-            "|---:|---|---|---|---|---:|---|---|---|---:|---:|---|"]
+            "healthy | reward | S-target reward, first → last third | KL | held because |",
+            "|---:|---|---|---|---|---:|---|---|---|---:|---|---:|---|"]
   for r in report["rounds"]:
     reasons = "; ".join(r["gate"]["reasons"]) or "-"
     stage_w = " ".join(f"{s}:{r['weights']['stage_weights'][s]:.2f}" for s in workflow.STAGES
@@ -184,7 +199,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines.append(f"| {r['round']} | {r['target']} | {stage_w} | {pool_w} | {r['start_policy']} | "
                  f"{_change_text(r.get('change'))} | "
                  f"{'pass' if r['gate']['passed'] else 'hold'} | {r['promoted']} | "
-                 f"{r['healthy']} | {_fmt(r['reward_mean'])} | {_fmt(r['kl_mean'])} | "
+                 f"{r['healthy']} | {_fmt(r['reward_mean'])} | {_pool_text(r, 's_target')} | "
+                 f"{_fmt(r['kl_mean'])} | "
                  f"{reasons} |")
   accepted = report.get("accepted_vs_sft")
   if accepted:

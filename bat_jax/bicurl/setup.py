@@ -156,6 +156,7 @@ def prepare_sft_rows(cfg: RunConfig, out_dir: Path, markers_path: Path) -> Path:
                           action_space=cfg.workflow.action_space,
                           first_action_tasks=cfg.sft.first_action_tasks,
                           e2e_tasks=cfg.sft.e2e_tasks, stop_rows=cfg.sft.stop_rows,
+                          stage_stop_rows=cfg.sft.stage_stop_rows,
                           reaction_tasks=cfg.sft.reaction_tasks)
   checker = leakcheck.LeakChecker(load_matcher(markers_path))
   return sft_rows.build_sft_set(out_dir, spec, checker,

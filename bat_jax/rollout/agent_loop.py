@@ -165,13 +165,16 @@ class AgentLoop:
     limits: per-trajectory limits.
     concurrency: trajectories in flight at once (threads; at most the engine's slots).
     step_tokens: `EngineWorker` step of a prefix-caching engine (None: whole turns).
+    stage_end: a stage-local row ends where its stage does: a turn that calls a later stage's
+      command (`workflow.call_stage`) finishes the trajectory (`stage_end`) unrun, and its
+      tokens are dropped (`rollout.stage_end`; the stage-tools action space).
   """
 
   def __init__(self, engine: Engine, chat_format: ChatFormat,
                make_env: Callable[[RolloutItem, int], Environment], *,
                sampling: SamplingParams = SamplingParams(temperature=1.0),
                limits: RolloutLimits = RolloutLimits(), concurrency: int = 8,
-               step_tokens: Optional[int] = None):
+               step_tokens: Optional[int] = None, stage_end: bool = False):
     if concurrency < 1:
       raise ValueError(f"concurrency = {concurrency} must be >= 1")
     self.engine = engine
@@ -181,6 +184,7 @@ class AgentLoop:
     self.limits = limits
     self.concurrency = concurrency
     self.step_tokens = step_tokens
+    self.stage_end = stage_end
     self._stop_ids = tuple(chat_format.stop_token_ids)
 
   def run(self, items: Sequence[RolloutItem], group_size: int,
@@ -313,6 +317,14 @@ class AgentLoop:
     if not parsed.actions:
       s.finish("agent_stop")
       return
+    if self.stage_end and _past_stage(s.item.focus, parsed.actions):
+      # The row was cut at its stage's end, so the next stage's call is where the practice
+      # stops, not an action of it: unrun, and its text is not trained on.
+      n = len(c.output_ids)
+      del t.token_ids[-n:], t.loss_mask[-n:], t.sampler_logp[-n:]
+      t.num_response_tokens -= n
+      s.finish("stage_end")
+      return
     room = lim.max_tool_calls - t.num_tool_calls
     if room <= 0:
       s.finish("max_tool_calls")
@@ -378,6 +390,15 @@ class AgentLoop:
     t.stage_scores = dict(score.stage_scores)
     t.task_score = score.task_score
     t.num_failed_calls = int(score.failed_calls)
+
+
+def _past_stage(focus: str, actions: Sequence[Mapping[str, Any]]) -> bool:
+  """Whether a stage-local row's turn calls a command of a stage after `focus`."""
+  if focus not in workflow.STAGES:
+    return False
+  stages = [workflow.call_stage(str(a.get("arguments", {}).get("code", ""))) for a in actions]
+  return any(st is not None and workflow.STAGES.index(st) > workflow.STAGES.index(focus)
+             for st in stages)
 
 
 def turn_seed(seed: int, state_id: str, g: int, turn: int) -> int:

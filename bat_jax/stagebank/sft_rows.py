@@ -141,6 +141,10 @@ class SftSpec:
     stop_rows: each executed focus (the `tasks_per_state` and `e2e_tasks` parts) also gives
       the row after its last call, whose target is the final turn: the agent ends its episode
       instead of calling on to its limit.
+    stage_stop_rows: with `stop_rows`, stage-local foci before S5 too (False: only E2E and S5,
+      where the workflow ends). After S3's last call an E2E episode calls `infer`, so an S3
+      row that stops there teaches the opposite at the same observation: the SFT policy ended
+      E2E episodes after "validation ok" (experiments/README.md, "Cut at both ends").
     reaction_tasks: further tasks per (track, outcome) whose E2E episode gives the rows after
       validation: the reaction to what it printed (infer, fix, or record the blocker) and every
       call after, each after the real history. That decision is one row of an E2E episode, ~2%
@@ -154,13 +158,19 @@ class SftSpec:
   first_action_tasks: int = 0
   e2e_tasks: int = 0
   stop_rows: bool = False
+  stage_stop_rows: bool = True
   reaction_tasks: int = 0
 
   def to_json(self) -> dict[str, Any]:
     return {"seed": self.seed, "tasks_per_state": self.tasks_per_state,
             "states": [s.key for s in self.states], "action_space": self.action_space,
             "first_action_tasks": self.first_action_tasks, "e2e_tasks": self.e2e_tasks,
-            "stop_rows": self.stop_rows, "reaction_tasks": self.reaction_tasks}
+            "stop_rows": self.stop_rows, "stage_stop_rows": self.stage_stop_rows,
+            "reaction_tasks": self.reaction_tasks}
+
+  def stops_after(self, focus: str) -> bool:
+    """Whether an executed `focus` gets the stop row after its last call."""
+    return self.stop_rows and (self.stage_stop_rows or focus in (workflow.E2E, workflow.STAGES[-1]))
 
   def tasks_per_cell(self) -> int:
     return (self.tasks_per_state + self.first_action_tasks + self.e2e_tasks
@@ -254,7 +264,7 @@ def _one_task_rows(spec: SftSpec, limits: Any, track: str, outcome: str,
       actions = focus_actions(train_tasks, instance, state.focus)
       observations = [sandbox.execute(a["arguments"]["language"],
                                       a["arguments"]["code"]).observation for a in actions]
-      rows = row(state, actions, observations, stop=spec.stop_rows)
+      rows = row(state, actions, observations, stop=spec.stops_after(state.focus))
       out += rows[REACTION_INDEX:] if part == "reaction" else rows
   return _tagged(part, out)
 

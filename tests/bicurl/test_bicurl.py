@@ -57,6 +57,15 @@ def test_rollout_batch_advantages_stay_within_each_state_id():
   assert stats["reward_mean"] == pytest.approx(0.5) and stats["length"] == 7
 
 
+def test_rollout_batch_reports_each_pools_reward_and_the_stage_ends():
+  trajs = [_traj("a", 1.0), _traj("a", 0.0), _traj("b", 0.5), _traj("b", 0.0)]
+  trajs[2].pool = trajs[3].pool = "e2e"
+  trajs[1].finish_reason = "stage_end"
+  _, stats = rollout_batch(trajs, max_len=512, cfg=grpo_config(fast_config()), pad_id=0)
+  assert stats["reward_s_target"] == 0.5 and stats["reward_e2e"] == 0.25
+  assert "reward_s_mix" not in stats and stats["stage_ends"] == 1.0
+
+
 def test_failed_call_penalty_ranks_a_clean_trajectory_above_one_with_stray_failures():
   """Same rubric reward, but one continuation also made a failing call and a malformed turn:
   with `grpo.failed_call_penalty` the clean one gets the positive advantage; without it, none."""

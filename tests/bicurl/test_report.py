@@ -73,6 +73,25 @@ def test_report_shows_standard_errors_targets_and_applied_steps():
   assert "applied an update: 1 of 2" in md
 
 
+def test_each_rounds_pool_rewards_compare_its_first_and_last_third_of_steps():
+  state = OuterState(sft_done=True, baseline="sft")
+  state.evaluations["sft"] = headline(_eval_report([0.2] * 7))
+  steps = [{"reward_mean": 0.0, "no_signal": 0.0, "reward_s_target": x, "reward_e2e": 1 - x}
+           for x in (0.1, 0.2, 0.3, 0.5, 0.6, 0.9)]
+  del steps[0]["reward_e2e"]
+  state.rounds.append(RoundRecord(
+      round=0, target="S4", start_policy="sft",
+      weights={"pool_mix": {p: 1 / 3 for p in workflow.POOLS},
+               "stage_weights": {s: float(s == "S4") for s in workflow.STAGES}},
+      candidate="round_000000", gate={"passed": False, "reasons": [], "checks": {}},
+      promoted=False, healthy=True, steps=steps))
+  pools = build_report(state)["rounds"][0]["reward_by_pool"]
+  assert pools["s_target"] == {"first": pytest.approx(0.15), "last": pytest.approx(0.75)}
+  assert pools["e2e"] == {"first": pytest.approx(0.8), "last": pytest.approx(0.25)}
+  assert pools["s_mix"] == {"first": None, "last": None}
+  assert "| 0.150 → 0.750 |" in markdown(build_report(state))
+
+
 def _finished_state():
   state = OuterState(sft_done=True, baseline="round_000000")
   state.evaluations["sft"] = headline(_eval_report([0.2] * 7))

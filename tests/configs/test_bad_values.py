@@ -159,3 +159,14 @@ def test_the_range_table_is_printable_for_the_readme():
   table = config_bounds.markdown_table()
   assert "| `sandbox.memory_mb` | [1, 1048576] |" in table
   assert table.count("\n") == len(config_bounds.BOUNDS) + 1
+
+
+def test_stage_end_needs_the_stage_tools_action_space():
+  """`rollout.stage_end` reads a call's stage from its stage command, which only the stage-tools
+  action space has: with `code` it would never end a row, so the config is refused."""
+  cfg = tiny.get_config()
+  cfg.workflow.action_space = "code"
+  with pytest.raises(ConfigError, match="config.rollout.stage_end: needs workflow.action_space"):
+    validate_config(cfg)
+  cfg.rollout.stage_end = False
+  validate_config(cfg)

@@ -254,3 +254,41 @@ def test_a_rubric_failure_scores_zero_and_stays_trainable(chat):
   assert traj.finish_reason == "agent_stop" and traj.trainable and traj.reward == 0.0
   assert "rubric failed: RecursionError" in traj.error
 
+
+
+@pytest.mark.parametrize("focus,reason,calls", [
+    ("S3", "stage_end", ["python tools/validate.py --cases v1"]),  # infer is S4's: the cut
+    ("S4", "agent_stop", ["python tools/validate.py --cases v1",
+                          "python tools/infer.py --data d1"]),
+    ("E2E", "agent_stop", ["python tools/validate.py --cases v1",
+                           "python tools/infer.py --data d1"]),
+])
+def test_stage_end_cuts_a_stage_local_row_at_the_next_stages_call(chat, focus, reason, calls):
+  """`stage_end`: a stage-local row's turn that calls a later stage's command ends the
+  trajectory unrun, and the turn's tokens are dropped (nothing of it is trained); a command of
+  the row's own or an earlier stage runs, and an E2E row is never cut."""
+  actions = [action("python tools/validate.py --cases v1", language="bash"),
+             action("python tools/infer.py --data d1", language="bash")]
+  script = lambda s, k: chat.render_action(actions[k]) if k < 2 else final("Done.")
+  envs: dict[int, FakeEnv] = {}
+  make_env = lambda it, g: envs.setdefault(g, FakeEnv())
+  cut = AgentLoop(ScriptedEngine(chat, script), chat, make_env, concurrency=1, stage_end=True)
+  row = dataclasses.replace(item(), focus=focus)
+  [traj] = cut.run([row], group_size=1)
+  assert traj.finish_reason == reason
+  assert [code for _, code in envs[0].calls] == calls
+  # Rolled out without the cut, the same script runs the same turns up to the cut.
+  envs.clear()
+  whole = AgentLoop(ScriptedEngine(chat, script), chat, make_env, concurrency=1)
+  [full] = whole.run([row], group_size=1)
+  assert full.finish_reason == "agent_stop" and len(envs[0].calls) == 2
+  if reason == "stage_end":
+    assert traj.num_turns == 2 and traj.num_tool_calls == 1
+    # What is kept is the uncut trajectory up to the second turn: its prompt, first turn and
+    # first observation, so the row ends on an observation and no token of the cut turn stays.
+    assert traj.token_ids == full.token_ids[:len(traj.token_ids)]
+    assert traj.loss_mask[-1] == 0 and sum(traj.loss_mask) == traj.num_response_tokens
+    assert len(traj.token_ids) == len(traj.loss_mask) == len(traj.sampler_logp)
+  else:
+    assert traj.token_ids == full.token_ids
+

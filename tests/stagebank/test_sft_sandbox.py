@@ -181,3 +181,24 @@ def test_a_generator_that_keeps_leaking_fails_closed(tmp_path):
   with pytest.raises(sft_rows.SftLeakError, match="refused"):
     sft_rows.build_sft_set(tmp_path / "sft", spec, checker)
   assert not (tmp_path / "sft").exists()
+
+
+def test_stop_rows_only_where_the_workflow_ends(require_bwrap):
+  """`stage_stop_rows` False: E2E and S5 foci end with the stop turn, a stage-local S1-S4 focus
+  at its last call (an E2E episode goes on from there, so a stop row would contradict it)."""
+  states = tuple(grid.GridState(f, "vqa", "recovery") for f in workflow.FOCI)
+  rows = list(sft_rows.synthesize(sft_rows.SftSpec(
+      seed=2, states=states, action_space="stage_tools", stop_rows=True,
+      stage_stop_rows=False)))
+  instance = train_tasks.generate("vqa", rows[0]["metadata"]["workspace_recipe"]["seed"],
+                                  "recovery", "stage_tools")
+  for focus in workflow.FOCI:
+    mine = [r for r in rows if r["metadata"]["stage"] == focus]
+    expert = sft_rows.focus_actions(train_tasks, instance, focus)
+    stops = focus in (workflow.E2E, "S5")
+    assert len(mine) == len(expert) + stops, focus
+    assert [sft_rows.target_action(r) for r in mine[:len(expert)]] == expert
+    assert ("final" in sft_rows.target_action(mine[-1])) == stops, focus
+  every = sft_rows.SftSpec(stop_rows=True)
+  assert all(every.stops_after(f) for f in workflow.FOCI)
+  assert not any(sft_rows.SftSpec(stage_stop_rows=False).stops_after(f) for f in workflow.FOCI)
