@@ -202,6 +202,10 @@ def _check_training(ck: _Checker) -> None:
   ck.that("sft.e2e_tasks", lambda v: isinstance(v, int) and v >= 0, "an int >= 0")
   ck.that("sft.reaction_tasks", lambda v: isinstance(v, int) and v >= 0, "an int >= 0")
   ck.flag("sft.stop_rows", "sft.stage_stop_rows")
+  if (ck.get("sft.stop_rows") is True and ck.get("sft.stage_stop_rows") is False
+      and ck.get("rollout.stage_end") is not True):
+    ck.fail("sft.stage_stop_rows", "False (no stop row after a stage-local S1-S4 focus) needs "
+            "rollout.stage_end, or those stages' rollouts run on to their call limit")
   ck.that("sft.bucket_lengths", lambda v: all(isinstance(b, int) and b > 0 for b in v),
           "a tuple of ints > 0")
   ck.fraction("sft.validation_fraction")

@@ -105,12 +105,16 @@ def main(argv: list[str]) -> None:
   paths.workdir.mkdir(parents=True, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", str(paths.workdir / "xla_cache"))
   t0 = time.time()
-  if _REUSE.value:
-    for rel in ("tokenizer", "stagebank/sft", "stagebank/markers.json"):
+  if _REUSE.value:  # the secret too: the copied rows were leak-checked against its cells
+    for rel in ("eval_secret", "tokenizer", "stagebank/sft", "stagebank/markers.json"):
       src, dst = Path(_REUSE.value) / rel, paths.workdir / rel
       if not dst.exists():
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+  # The held-out cells are keyed by WORKDIR/eval_secret, as in the main job: the markers the
+  # base, the SFT rows and `--heldout` use. Copy a run's secret in first to probe on its cells.
+  secret = load_or_create_secret(paths.eval_secret)
+  cfg = dataclasses.replace(cfg, evaluation=dataclasses.replace(cfg.evaluation, secret=secret))
   tok_dir = setup.prepare_tokenizer(cfg, paths.tokenizer)
   chat_format = setup.chat_format(cfg, tok_dir)
   if not paths.markers.is_file():
@@ -137,10 +141,6 @@ def main(argv: list[str]) -> None:
             **decode_scores(cfg, model, chat_format, rows)}
   result["seconds"]["decode"] = time.time() - t0 - sum(result["seconds"].values())
   if _HELDOUT.value:
-    # The run's own cells (keyed by WORKDIR/eval_secret, as in the main job): copy a run's
-    # secret in first to evaluate on its cells, paired.
-    secret = load_or_create_secret(paths.eval_secret)
-    cfg = dataclasses.replace(cfg, evaluation=dataclasses.replace(cfg.evaluation, secret=secret))
     export_hf(model, paths.policy("sft"), tokenizer_dir=tok_dir)
     server = policy.make_policy_server(model, cfg, paths.workdir, tok_dir)
     report = policy.evaluate_policy(cfg, server, chat_format, paths.policy("sft"),

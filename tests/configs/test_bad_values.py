@@ -169,4 +169,8 @@ def test_stage_end_needs_the_stage_tools_action_space():
   with pytest.raises(ConfigError, match="config.rollout.stage_end: needs workflow.action_space"):
     validate_config(cfg)
   cfg.rollout.stage_end = False
+  # ... and without it a stage-local S1-S4 row must keep its stop row.
+  with pytest.raises(ConfigError, match="config.sft.stage_stop_rows: False .* needs rollout"):
+    validate_config(cfg)
+  cfg.sft.stage_stop_rows = True
   validate_config(cfg)
