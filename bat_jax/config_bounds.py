@@ -89,7 +89,7 @@ BOUNDS: Mapping[str, Bound] = {
     "model.hf_config.max_position_embeddings": _TOKENS,
     "model.hf_config.*": _HF_SIZE,
     "tokenizer.train.vocab_size": _count(16 * M, "tokens in the vocabulary"),
-    "tokenizer.train.corpus_tasks": _count(1e7, "task instances"),
+    "tokenizer.train.corpus_tasks": _count(1e7, "task instances"), "tokenizer.train.seed": _SEED,
     # sft
     "pretrain.echo_steps": Bound(0, 1e8, "steps"), "pretrain.steps": _STEPS,
     "pretrain.batch_size": _count(1 * M, "rows per step"),

@@ -84,6 +84,9 @@ def tokenizer_config() -> ml_collections.ConfigDict:
   s.train = ml_collections.ConfigDict()
   s.train.vocab_size = 4096    # includes the special tokens
   s.train.corpus_tasks = 256   # task instances rendered into the training corpus
+  # Which task instances: not the run's `seed`, so every run seed gets the same vocabulary and
+  # with it the same tiny base (its cache key hashes the tokenizer), as `pretrain.seed` intends.
+  s.train.seed = 0
   # Tool block of the system message: the chat template's own (Qwen's ~650-token preamble) or
   # `compact` (a few lines; bat_jax.model.compact_chat) for small policies trained from scratch.
   s.tool_preamble = "template"

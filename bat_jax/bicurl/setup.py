@@ -71,7 +71,7 @@ def prepare_tokenizer(cfg: RunConfig, out_dir: Path) -> Path:
   staging = out_dir.with_name(out_dir.name + ".tmp")
   shutil.rmtree(staging, ignore_errors=True)
   if cfg.tokenizer.source == "train":
-    corpus = tokenizer_corpus(cfg.tokenizer.train.corpus_tasks, cfg.seed,
+    corpus = tokenizer_corpus(cfg.tokenizer.train.corpus_tasks, cfg.tokenizer.train.seed,
                               cfg.workflow.action_space)
     # The tiny base's echoes need separators no text holds; other runs' vocabularies stay as were.
     reserved = tokenizer_lib.PRETRAIN_TOKENS if cfg.model.source == "tiny_base" else ()

@@ -24,3 +24,14 @@ def test_prepare_tokenizer_records_the_tool_preamble(preamble, tmp_path):
   (out / "tokenizer_config.json").write_text(json.dumps(config))
   setup.prepare_tokenizer(cfg, out)
   assert compact_chat.recorded_preamble(out) == preamble
+
+
+def test_every_run_seed_trains_the_same_vocabulary(tmp_path):
+  """The tokenizer's corpus follows `tokenizer.train.seed`, not the run's seed: run seeds share
+  one vocabulary and so one tiny base (its cache key hashes the tokenizer files); another
+  tokenizer seed gives another vocabulary."""
+  def vocab(name, **overrides):
+    cfg = fast_config(tokenizer__train__corpus_tasks=4, **overrides)
+    return (setup.prepare_tokenizer(cfg, tmp_path / name) / "tokenizer.json").read_bytes()
+  assert vocab("run0", seed=0) == vocab("run3", seed=3)
+  assert vocab("tok1", seed=0, tokenizer__train__seed=1) != vocab("run0b", seed=0)
