@@ -254,10 +254,10 @@ STAGE_TOOLS: Mapping[str, str] = {
     "ids": "the short ids of the task facts (c.., w.., d.., v.., s..) stand for the paths and "
            "lists in the spec's `ids`; every tool also takes the real value",
 }
-TOOL_COMMANDS: tuple[str, ...] = ("plan", "setup", "validate", "fix", "infer", "submit")
 # The stage each command's call belongs to (`fix` is validation's repair, within S3).
 COMMAND_STAGES: Mapping[str, str] = {"plan": "S1", "setup": "S2", "validate": "S3", "fix": "S3",
                                      "infer": "S4", "submit": "S5"}
+TOOL_COMMANDS: tuple[str, ...] = tuple(COMMAND_STAGES)
 _COMMAND_CALL = re.compile(r"\s*python3?\s+(?:\./)?" + TOOLS_DIR + r"/(\w+)\.py(?:\s|$)")
 
 

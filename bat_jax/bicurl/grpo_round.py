@@ -130,8 +130,9 @@ def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConf
            "stage_ends": float(reasons.count("stage_end"))}
   pools = np.asarray([t.pool for t in trajectories])
   for pool in workflow.POOLS:  # is the round's own practice learnt? (report.reward_by_pool)
-    if (valid & (pools == pool)).any():
-      stats[f"reward_{pool}"] = float(collated["rewards"][valid & (pools == pool)].mean())
+    mine = valid & (pools == pool)
+    if mine.any():
+      stats[f"reward_{pool}"] = float(collated["rewards"][mine].mean())
   # The sampler's logprobs ride along for truncated IS and the sampler_gap metric.
   loss_mask = collated["loss_mask"] * keep[:, None].astype(np.float32)
   if not train_stage_stop:
