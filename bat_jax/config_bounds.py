@@ -114,6 +114,7 @@ BOUNDS: Mapping[str, Bound] = {
     "sft.first_action_tasks": Bound(0, 1e6, "tasks per grid state"),
     "sft.e2e_tasks": Bound(0, 1e6, "tasks per (track, outcome)"),
     "sft.reaction_tasks": Bound(0, 1e6, "tasks per (track, outcome)"),
+    "sft.decision_balance": Bound(0, 1, "a balance exponent"),
     "sft.context_loss_weight": Bound(0, 100, "a loss weight"),
     "sft.checkpoint.every": _STEPS, "sft.checkpoint.keep": _count(10_000, "checkpoints"),
     # grpo
@@ -124,6 +125,7 @@ BOUNDS: Mapping[str, Bound] = {
     "grpo.lr": _LR, "grpo.warmup_steps": Bound(0, 1e8, "steps"),
     "grpo.weight_decay": Bound(0, 10, "AdamW decay"),
     "grpo.kl_coef": Bound(0, 100, "a loss weight"),
+    "grpo.advantage.credit_discount": Bound(0, 1, "a per-stage discount"),
     "grpo.failed_call_penalty": Bound(0, 10, "reward per failed call or malformed turn"),
     "grpo.loss_norm_length": _TOKENS,
     "grpo.clip_low": Bound(0, 1, "a ratio clip (1 - clip_low must stay >= 0)"),

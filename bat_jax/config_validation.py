@@ -29,6 +29,7 @@ from bat_jax.evaluator.external import ExternalEvaluator
 from bat_jax.evaluator.generators import TIERS as EVALUATOR_TIERS
 from bat_jax.gate import GateThresholds
 from bat_jax.grpo import ADVANTAGE_ESTIMATORS
+from bat_jax.grpo.advantages import CREDIT_MODES
 from bat_jax.grpo.loss import validate_loss_config
 from bat_jax.model.attention import ATTENTION_IMPLS
 from bat_jax.model.compact_chat import PREAMBLES as TOOL_PREAMBLES
@@ -211,12 +212,20 @@ def _check_training(ck: _Checker) -> None:
   ck.fraction("sft.validation_fraction")
   ck.that("sft.context_loss_weight", lambda v: isinstance(v, (int, float)) and v >= 0,
           "a number >= 0")
+  ck.that("sft.decision_balance", lambda v: isinstance(v, (int, float)) and 0 <= v <= 1,
+          "a number in [0, 1]")
   ck.divides("sft.global_batch_size", "sft.micro_batches")
 
   ck.positive("grpo.rounds", "grpo.steps_per_round", "grpo.prompt_groups",
               "grpo.logprob_chunk_size")
   ck.that("grpo.group_size", lambda v: v >= 2, ">= 2 (a group of one has zero advantage)")
   ck.one_of("grpo.advantage.mode", ADVANTAGE_ESTIMATORS)
+  ck.one_of("grpo.advantage.credit", CREDIT_MODES)
+  ck.that("grpo.advantage.credit_discount",
+          lambda v: isinstance(v, (int, float)) and 0 <= v <= 1, "a number in [0, 1]")
+  if ck.get("grpo.advantage.credit") == "stage" and ck.get("grpo.failed_call_penalty"):
+    ck.fail("grpo.failed_call_penalty", "is not defined with grpo.advantage.credit 'stage' "
+            "(a penalty has no stage to land on); set it to 0")
   _check_grpo_loss(ck)
   groups, size = ck.get("grpo.prompt_groups"), ck.get("grpo.group_size")
   micro = ck.get("grpo.micro_batches")

@@ -40,6 +40,7 @@ def optimizer_config(section: ml_collections.ConfigDict, total_steps: int) -> Op
 def grpo_config(cfg: RunConfig) -> GrpoConfig:
   g = cfg.grpo
   return GrpoConfig(advantage_mode=g.advantage.mode, std_normalize=g.advantage.std_normalize,
+                    credit=g.advantage.credit, credit_discount=g.advantage.credit_discount,
                     clip_low=g.clip_low, clip_high=g.clip_high, dual_clip=g.dual_clip,
                     kl_coef=g.kl_coef, kl_estimator=g.kl_estimator, loss_agg=g.loss_agg,
                     tis_cap=g.tis_cap, temperature=cfg.rollout.sampling.temperature,

@@ -228,6 +228,19 @@ def e2e_reward(stage_scores: Mapping[str, Optional[float]], task: Optional[float
   return AGENTIC_WEIGHT * agentic + TASK_WEIGHT * (0.0 if _is_null(task) else float(task))
 
 
+def e2e_stage_rewards(stage_scores: Mapping[str, Optional[float]],
+                      task: Optional[float]) -> tuple[float, ...]:
+  """`e2e_reward` split over the stages, in `STAGES` order: `AGENTIC_WEIGHT * w_s * S_s`, and
+  the task term on S5 (what the submission hands in). Sums to `e2e_reward` (up to rounding);
+  per-stage credit (`grpo.advantage.credit`) reads it."""
+  e2e_reward(stage_scores, task)  # the same checks
+  per_stage = [AGENTIC_WEIGHT * STAGE_WEIGHTS[s] * (0.0 if _is_null(stage_scores.get(s))
+                                                    else float(stage_scores[s]))
+               for s in STAGES]
+  per_stage[-1] += TASK_WEIGHT * (0.0 if _is_null(task) else float(task))
+  return tuple(per_stage)
+
+
 # ---------------------------------------------------------------------------------------------
 # Action spaces. `code`: the agent writes each stage's code itself (the reference recipe).
 # `stage_tools`: the workspace also ships short stage CLIs under tools/ that do the heavy lifting

@@ -225,6 +225,10 @@ def sft_config() -> ml_collections.ConfigDict:
   # Further tasks per (track, outcome) giving the rows of their E2E episode after validation:
   # the reaction to what it printed, and every call after (sft_rows.SftSpec).
   s.reaction_tasks = 0
+  # Repeats train rows of rare decisions (bat_jax.stagebank.sft_rows.decision_kind) so a kind of
+  # n rows is drawn in proportion to n ** (1 - this): 0 draws rows as built, 1 every decision
+  # about equally (not in the release; bat_jax.sft.balanced_repeats).
+  s.decision_balance = 0.0
   s.remat = "full"
   s.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3})
   # > 0 adds a next-token loss on the context (prompt, earlier turns, observations) at this
@@ -267,7 +271,12 @@ def grpo_config() -> ml_collections.ConfigDict:
   # seq-mean-token-sum-norm's constant length (denominator = sequences x this; verl's
   # loss_scale_factor). None: rollout.limits.max_response_tokens.
   s.loss_norm_length = config_dict.placeholder(int)
-  s.advantage = ml_collections.ConfigDict({"mode": "grpo", "std_normalize": False})
+  # `credit`: "outcome" (the release: one advantage per sequence) or "stage" (not in the
+  # release): each turn of an E2E episode is credited with its stage's group-relative reward and
+  # the later stages' at `credit_discount` per stage (bat_jax.grpo.advantages.stage_credit; 1 is
+  # DeepSeekMath's process-reward GRPO, 0 its own stage only). Stage-local rows are unchanged.
+  s.advantage = ml_collections.ConfigDict({"mode": "grpo", "std_normalize": False,
+                                           "credit": "outcome", "credit_discount": 1.0})
   s.clip_low = 0.2                  # not in the release
   s.clip_high = 0.2                 # not in the release
   # Dual clip for A < 0: the loss is capped at -A * dual_clip. 3.0 is verl's clip_ratio_c

@@ -15,8 +15,8 @@ import pytest
 from bat_jax.model import chat_format
 from bat_jax.model import tokenizer_corpus
 from bat_jax.model import tokenizer as tk
-from bat_jax.sft import (SftBatches, SftConfig, drop_too_long, length_groups, pad_example,
-                         sft_dataset, sft_loss_fn)
+from bat_jax.sft import (SftBatches, SftConfig, balanced_repeats, drop_too_long, length_groups,
+                         pad_example, sft_dataset, sft_loss_fn)
 
 FIXTURES = Path(__file__).parent / "grpo"
 sys.path.insert(0, str(FIXTURES))
@@ -230,3 +230,21 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path):
   # Retention: only the last two steps are kept.
   kept = sorted(int(p.name) for p in (tmp_path / "killed").iterdir() if p.name.isdigit())
   assert kept == [NUM_STEPS - 2, NUM_STEPS]
+
+
+def test_balanced_repeats_even_out_rare_decisions():
+  """A kind of n rows is drawn ~ n ** (1 - exponent): 0 leaves the rows as built, 1 gives
+  every kind the share of the most common one; repeats never drop a row."""
+  kinds = ["plan"] * 168 + ["fix"] * 14 + ["submit"] * 42
+  def shares(exponent):
+    totals = {}
+    for kind, n in zip(kinds, balanced_repeats(kinds, exponent)):
+      totals[kind] = totals.get(kind, 0) + n
+    return totals
+  assert shares(0.0) == {"plan": 168, "fix": 14, "submit": 42}
+  assert shares(1.0) == {"plan": 168, "fix": 168, "submit": 168}
+  assert shares(0.5) == {"plan": 168, "fix": 42, "submit": 84}
+  assert min(balanced_repeats(["a", "b", "b", "b"], 0.3)) == 1
+  assert balanced_repeats([], 1.0) == []
+  with pytest.raises(ValueError, match="exponent 1.5"):
+    balanced_repeats(kinds, 1.5)

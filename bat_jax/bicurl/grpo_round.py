@@ -31,7 +31,7 @@ from bat_jax.run_config import RunConfig
 from bat_jax.bicurl import multihost
 from bat_jax.bicurl.policy import worker_step_tokens
 from bat_jax.grpo import GrpoConfig, group_advantages
-from bat_jax.grpo.advantages import valid_group_members
+from bat_jax.grpo.advantages import stage_credit, valid_group_members
 from bat_jax.grpo.loss import sampler_gap_stats
 from bat_jax.train import Trainer, TrainState, placement
 # The programs' builders live in bat_jax.run_programs (light imports: the memory plan and the
@@ -83,6 +83,44 @@ def stage_stop_turns(trajectories: list[Trajectory], loss_mask: np.ndarray) -> n
   return closing
 
 
+def turn_stage_index(trajectory: Trajectory, length: int) -> np.ndarray:
+  """`[T]` the stage index (into `workflow.STAGES`) each generated token's turn answers for,
+  -1 elsewhere. A turn with a stage call answers for that stage; one without (a stop, a
+  malformed turn) for the stage after the last call's, the step it failed to take (a stop after
+  validation answers for S4)."""
+  index = np.full(length, -1, np.int32)
+  last = -1
+  for start, end, stage in trajectory.turn_spans:
+    if stage is not None:
+      last = here = workflow.STAGES.index(stage)
+    else:
+      here = min(last + 1, len(workflow.STAGES) - 1)
+    index[min(start, length):min(end, length)] = here
+  return index
+
+
+def stage_credit_advantages(trajectories: list[Trajectory], outcome: np.ndarray,
+                            group_ids: np.ndarray, valid: np.ndarray, length: int,
+                            cfg: GrpoConfig) -> np.ndarray:
+  """`[B, T]` per-token advantages (`grpo.advantage.credit = "stage"`): an E2E row's turns get
+  their stage's advantage-to-go (`stage_credit` over `workflow.e2e_stage_rewards`); a
+  stage-local row has one stage, so every token keeps its `outcome` advantage `[B]`."""
+  per_token = np.repeat(outcome[:, None], length, axis=1).astype(np.float32)
+  e2e = np.asarray([t.focus == workflow.E2E for t in trajectories])
+  if not e2e.any():
+    return per_token
+  rewards = np.asarray([workflow.e2e_stage_rewards(t.stage_scores, t.task_score) if is_e2e
+                        else (0.0,) * len(workflow.STAGES)
+                        for t, is_e2e in zip(trajectories, e2e)], np.float32)
+  to_go = np.asarray(stage_credit(rewards, group_ids, valid=valid & e2e,
+                                  discount=cfg.credit_discount, mode=cfg.advantage_mode,
+                                  std_normalize=cfg.std_normalize))          # [B, S]
+  for i in np.flatnonzero(e2e):
+    stage = turn_stage_index(trajectories[i], length)
+    per_token[i] = np.where(stage >= 0, to_go[i, np.maximum(stage, 0)], 0.0)
+  return per_token
+
+
 def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConfig,
                   pad_id: int, longest: Optional[int] = None, failed_call_penalty: float = 0.0,
                   train_stage_stop: bool = True
@@ -103,6 +141,9 @@ def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConf
   (experiments/README.md, "Values after a space" and "The KL anchor"). The logged reward stays
   the rubric's.
 
+  With `cfg.credit == "stage"` the advantages are `[B, T]` (`stage_credit_advantages`), else
+  `[B]`.
+
   `train_stage_stop` False (`grpo.train_stage_stop`) leaves the closing stop turn of
   stage-local rows out of the loss (`stage_stop_turns`).
   """
@@ -116,6 +157,9 @@ def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConf
   advantages = np.asarray(group_advantages(trained, collated["group_ids"],
                                            valid=valid, mode=cfg.advantage_mode,
                                            std_normalize=cfg.std_normalize))
+  if cfg.credit == "stage":
+    advantages = stage_credit_advantages(trajectories, advantages, collated["group_ids"],
+                                         valid, collated["input_ids"].shape[1], cfg)
   rewards = collated["rewards"][valid] if valid.any() else np.zeros(1, np.float32)
   reasons = [t.finish_reason for t in trajectories]
   dropped_groups = {g for g, v, n in zip(collated["group_ids"], valid, members) if n < 2}
@@ -139,7 +183,8 @@ def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConf
     loss_mask = loss_mask * (1.0 - stage_stop_turns(trajectories, collated["loss_mask"]))
   return {"input_ids": collated["input_ids"], "valid": collated["valid"],
           "loss_mask": loss_mask,
-          "advantages": np.where(keep, advantages, 0.0).astype(np.float32),
+          "advantages": np.where(keep if advantages.ndim == 1 else keep[:, None], advantages,
+                                 0.0).astype(np.float32),
           "sampler_logp": collated["sampler_logp"]}, stats
 
 

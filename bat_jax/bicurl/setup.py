@@ -25,7 +25,7 @@ from bat_jax.model import ModelConfig, build_model, load_pretrained
 from bat_jax.model import tokenizer as tokenizer_lib
 from bat_jax.model import tokenizer_corpus as corpus_lib
 from bat_jax.config_validation import FROM_HF_CONFIG
-from bat_jax.sft import Example, drop_too_long
+from bat_jax.sft import Example, balanced_repeats, drop_too_long
 from bat_jax.stagebank import grid, leakcheck, rl_rows, rounds, sft_rows, shards
 from bat_jax.stagebank.build import load_matcher
 
@@ -170,7 +170,8 @@ def sft_examples(cfg: RunConfig, rows_dir: Path,
   Rows longer than `sft.max_seq_len` are dropped; the rest are shuffled (seeded), the
   validation share (`sft.validation_fraction`, at most `sft.max_validation_examples`) is split
   off and the train set is cut to `sft.num_examples` plus the rows of the `sft.first_action_tasks`,
-  `sft.e2e_tasks` and `sft.reaction_tasks` parts.
+  `sft.e2e_tasks` and `sft.reaction_tasks` parts. With `sft.decision_balance` > 0, train rows of
+  rare decisions (`sft_rows.decision_kind`) are repeated (`bat_jax.sft.balanced_repeats`).
   """
   rows = sft_rows.load_sft_rows(rows_dir)
   extra_rows = sum(r["metadata"].get("sft_part", "full") != "full" for r in rows)
@@ -181,11 +182,18 @@ def sft_examples(cfg: RunConfig, rows_dir: Path,
              cfg.sft.max_seq_len)
   if not kept:
     raise ValueError(f"no SFT row fits sft.max_seq_len = {cfg.sft.max_seq_len}")
-  random.Random(cfg.seed).shuffle(kept)
+  gone = set(dropped)
+  kinds = [sft_rows.decision_kind(r) for i, r in enumerate(rows) if i not in gone]
+  order = list(range(len(kept)))
+  random.Random(cfg.seed).shuffle(order)
   n_val = min(cfg.sft.max_validation_examples,
               math.ceil(cfg.sft.validation_fraction * len(kept)))
   n_val = min(n_val, len(kept) - 1)
-  return kept[n_val:][:cfg.sft.num_examples + extra_rows], kept[:n_val]
+  train = order[n_val:][:cfg.sft.num_examples + extra_rows]
+  # Repeats after the split: a validation row never has a copy in the train set.
+  repeats = balanced_repeats([kinds[i] for i in train], cfg.sft.decision_balance)
+  return ([kept[i] for i, r in zip(train, repeats) for _ in range(r)],
+          [kept[i] for i in order[:n_val]])
 
 
 def example_lengths(examples: Sequence[Example]) -> list[int]:

@@ -76,6 +76,44 @@ ADVANTAGE_ESTIMATORS: Mapping[str, AdvantageFn] = {
 }
 
 
+CREDIT_MODES = ("outcome", "stage")
+
+
+def stage_credit(stage_rewards, group_ids, *, valid=None, discount: float = 1.0,
+                 mode: str = "grpo", std_normalize: bool = False) -> jax.Array:
+  """Per-stage advantages-to-go of staged episodes: process-reward GRPO over stages.
+
+  Each stage's reward is made group-relative on its own (`group_advantages` per column), and a
+  turn of stage s is credited with the discounted sum of those from s on:
+  `A[b, s] = sum_{s' >= s} discount ** (s' - s) * centred[b, s']`. With `discount` 1 and rewards
+  that sum to the outcome reward, stage 0's credit is the outcome advantage (DeepSeekMath's
+  process-supervised GRPO, stages as steps); with 0 a turn answers for its own stage only, so
+  a plan call every sample got right is not pushed up or down by what a later stage did.
+
+  Args:
+    stage_rewards: `[B, S]` each row's reward earned per stage, in stage order.
+    group_ids: `[B]` integer group ids.
+    valid: `[B]` bool (default all True), as in `group_advantages`.
+    discount: in [0, 1].
+    mode, std_normalize: as in `group_advantages`, applied to each stage's column.
+
+  Returns:
+    `[B, S]` float32 advantages-to-go; rows without a baseline get 0.
+  """
+  if not 0.0 <= discount <= 1.0:
+    raise ValueError(f"credit discount {discount} is outside [0, 1]")
+  stage_rewards = jnp.asarray(stage_rewards, jnp.float32)
+  if stage_rewards.ndim != 2:
+    raise ValueError(f"stage_rewards must be [B, S], got shape {stage_rewards.shape}")
+  centred = jnp.stack([group_advantages(stage_rewards[:, s], group_ids, valid=valid, mode=mode,
+                                        std_normalize=std_normalize)
+                       for s in range(stage_rewards.shape[1])], axis=1)      # [B, S]
+  n = stage_rewards.shape[1]
+  ahead = jnp.arange(n)[None, :] - jnp.arange(n)[:, None]                     # [S, S']: s' - s
+  weights = jnp.where(ahead >= 0, jnp.float32(discount) ** jnp.maximum(ahead, 0), 0.0)
+  return centred @ weights.T
+
+
 def valid_group_members(group_ids, valid) -> jax.Array:
   """`[B]` number of valid rows in each row's group (a group below 2 carries no signal)."""
   group_ids, valid = jnp.asarray(group_ids), jnp.asarray(valid, bool)

@@ -125,8 +125,9 @@ def _check_shapes(logp, old_logp, advantages, mask, ref_logp, sampler_logp) -> N
                     ("sampler_logp", sampler_logp)):
     if arr is not None and arr.shape != logp.shape:
       raise ValueError(f"{name} has shape {arr.shape}, expected {logp.shape} like logp")
-  if advantages.shape != logp.shape[:1]:
-    raise ValueError(f"advantages has shape {advantages.shape}, expected ({logp.shape[0]},)")
+  if advantages.shape not in (logp.shape[:1], logp.shape):
+    raise ValueError(f"advantages has shape {advantages.shape}, expected ({logp.shape[0]},) "
+                     f"per sequence or {logp.shape} per token")
 
 
 def sampler_gap_stats(old_logp: Array, sampler_logp: Array, mask: Array) -> dict[str, Array]:
@@ -156,7 +157,8 @@ def _surrogate_and_stats(logp: Array, old_logp: Array, advantages: Array, mask: 
                          clip_low: float, clip_high: float,
                          dual_clip: Optional[float]) -> tuple[Array, dict[str, Array]]:
   """Per-token clipped surrogate `[B, T]` and its masked sums (clip fraction, ratio, ...)."""
-  adv = advantages.astype(jnp.float32)[:, None]                    # [B, 1]
+  adv = advantages.astype(jnp.float32)                              # [B] or [B, T]
+  adv = adv[:, None] if adv.ndim == 1 else adv                      # [B, 1] or [B, T]
   log_ratio = logp - old_logp                                       # [B, T]
   per_token, ratio, was_clipped = _clipped_surrogate(
       log_ratio, adv, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
@@ -209,7 +211,7 @@ def policy_loss_terms(logp: Array, old_logp: Array, advantages: Array, mask: Arr
   Args:
     logp: `[B, T]` current taken-token logprobs (differentiated).
     old_logp: `[B, T]` behaviour-policy logprobs (the trainer's, before this update).
-    advantages: `[B]` per-sequence advantages.
+    advantages: `[B]` per-sequence advantages, or `[B, T]` per token (per-stage credit).
     mask: `[B, T]` 1 on tokens that carry loss.
     ref_logp: `[B, T]` frozen reference logprobs; required when `kl_coef > 0`.
     sampler_logp: `[B, T]` the rollout engine's logprobs; required by `tis_cap`, reported as

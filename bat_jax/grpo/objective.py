@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from bat_jax import registry
-from bat_jax.grpo.advantages import ADVANTAGE_ESTIMATORS
+from bat_jax.grpo.advantages import ADVANTAGE_ESTIMATORS, CREDIT_MODES
 from bat_jax.grpo.logprobs import taken_token_logprobs
 from bat_jax.grpo.loss import policy_loss_terms, validate_loss_config
 from bat_jax.train.step import Batch, LossFn, RematPolicy
@@ -27,6 +27,9 @@ class GrpoConfig:
   Attributes:
     advantage_mode: key of `ADVANTAGE_ESTIMATORS`.
     std_normalize: divide advantages by the group std.
+    credit: `outcome` (the release: one advantage per sequence) or `stage` (each turn of an
+      E2E episode credited by its stage's rewards on, `advantages.stage_credit`).
+    credit_discount: the stage credit's discount over later stages, in [0, 1].
     clip_low, clip_high, dual_clip, kl_coef, kl_estimator, loss_agg, tis_cap, norm_length: see
       `policy_loss_terms`.
     temperature: the sampling temperature of the rollouts (logits are divided by it).
@@ -38,6 +41,8 @@ class GrpoConfig:
   """
   advantage_mode: str = "grpo"
   std_normalize: bool = False
+  credit: str = "outcome"
+  credit_discount: float = 1.0
   clip_low: float = 0.2
   clip_high: float = 0.2
   dual_clip: Optional[float] = None
@@ -53,6 +58,10 @@ class GrpoConfig:
 
   def __post_init__(self):
     registry.check_registered("advantage_mode", self.advantage_mode, ADVANTAGE_ESTIMATORS)
+    if self.credit not in CREDIT_MODES:
+      raise ValueError(f"credit {self.credit!r} is not one of {CREDIT_MODES}")
+    if not 0.0 <= self.credit_discount <= 1.0:
+      raise ValueError(f"credit_discount {self.credit_discount} is outside [0, 1]")
     validate_loss_config(kl_estimator=self.kl_estimator, loss_agg=self.loss_agg,
                          clip_low=self.clip_low, clip_high=self.clip_high,
                          dual_clip=self.dual_clip, kl_coef=self.kl_coef, tis_cap=self.tis_cap,
@@ -73,9 +82,9 @@ def check_batch(batch: Batch) -> None:
   for key in ("valid", "loss_mask", "old_logp", "positions", "ref_logp", "sampler_logp"):
     if key in batch and batch[key].shape != shape:
       raise ValueError(f"batch[{key!r}] has shape {batch[key].shape}, expected {shape}")
-  if batch["advantages"].shape != shape[:1]:
+  if batch["advantages"].shape not in (shape[:1], shape):
     raise ValueError(f"batch['advantages'] has shape {batch['advantages'].shape}, "
-                     f"expected ({shape[0]},)")
+                     f"expected ({shape[0]},) per sequence or {shape} per token")
 
 
 def grpo_loss_fn(cfg: GrpoConfig) -> LossFn:

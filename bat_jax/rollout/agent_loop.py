@@ -294,6 +294,7 @@ class AgentLoop:
   def _take_turn(self, s: _Live, c: Completion) -> None:
     """Appends the generated tokens and decides what the turn asks for."""
     t, lim = s.traj, self.limits
+    t.turn_spans.append((len(t.token_ids), len(t.token_ids) + len(c.output_ids), None))
     t.token_ids += c.output_ids
     t.loss_mask += [1] * len(c.output_ids)
     t.sampler_logp += c.logprobs
@@ -317,14 +318,19 @@ class AgentLoop:
     if not parsed.actions:
       s.finish("agent_stop")
       return
-    if self.stage_end and _past_stage(s.item.focus, parsed.actions):
+    stages = [workflow.call_stage(str(a.get("arguments", {}).get("code", "")))
+              for a in parsed.actions]
+    if self.stage_end and _past_stage(s.item.focus, stages):
       # The row was cut at its stage's end, so the next stage's call is where the practice
       # stops, not an action of it: unrun, and its text is not trained on.
       n = len(c.output_ids)
       del t.token_ids[-n:], t.loss_mask[-n:], t.sampler_logp[-n:]
       t.num_response_tokens -= n
+      t.turn_spans.pop()
       s.finish("stage_end")
       return
+    start, end, _ = t.turn_spans[-1]
+    t.turn_spans[-1] = (start, end, next((st for st in stages if st is not None), None))
     room = lim.max_tool_calls - t.num_tool_calls
     if room <= 0:
       s.finish("max_tool_calls")
@@ -392,11 +398,10 @@ class AgentLoop:
     t.num_failed_calls = int(score.failed_calls)
 
 
-def _past_stage(focus: str, actions: Sequence[Mapping[str, Any]]) -> bool:
-  """Whether a stage-local row's turn calls a command of a stage after `focus`."""
+def _past_stage(focus: str, stages: Sequence[Optional[str]]) -> bool:
+  """Whether a stage-local row's turn calls (`stages`: of its calls) a later stage's command."""
   if focus not in workflow.STAGES:
     return False
-  stages = [workflow.call_stage(str(a.get("arguments", {}).get("code", ""))) for a in actions]
   return any(st is not None and workflow.STAGES.index(st) > workflow.STAGES.index(focus)
              for st in stages)
 

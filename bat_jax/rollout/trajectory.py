@@ -44,6 +44,10 @@ class Trajectory:
     num_turns, num_tool_calls, num_response_tokens, num_malformed: counters.
     num_failed_calls: executed tool calls that exited non-zero.
     weight_version: the params version of the last turn.
+    turn_spans: per kept assistant turn, `(start, end, stage)`: its generated tokens are
+      `token_ids[start:end]`, and `stage` is the stage of its first stage-tools call
+      (`workflow.call_stage`), None for a turn that called none (a stop, a malformed turn,
+      other code). Per-stage credit (`grpo.advantage.credit`) reads it.
     error: what went wrong when finish_reason is "error" or "aborted".
   """
   state_id: str
@@ -67,6 +71,7 @@ class Trajectory:
   num_failed_calls: int = 0
   weight_version: str = ""
   error: Optional[str] = None
+  turn_spans: list[tuple[int, int, Optional[str]]] = dataclasses.field(default_factory=list)
 
   def __post_init__(self):
     n = len(self.token_ids)

@@ -67,6 +67,21 @@ def target_action(row: Mapping[str, Any]) -> dict[str, Any]:
           "thought": target.get("reasoning_summary", "")}
 
 
+def decision_kind(row: Mapping[str, Any]) -> str:
+  """What the row's target decides, as `FOCUS:DECISION`: `stop` for a final turn; for a
+  stage-tools call its command and first flag (`E2E:submit --failed`, `S3:fix --fault`), the
+  choice a context asks for; for other code, its action index in the focus (`S2:action 1`)."""
+  meta, target = row["metadata"], row["target"]
+  if "action" not in target:
+    return f"{meta['stage']}:stop"
+  words = str(target["action"]["arguments"].get("code", "")).split()
+  if workflow.call_stage(" ".join(words)) is None:
+    return f"{meta['stage']}:action {meta['action_index']}"
+  command = words[1].rsplit("/", 1)[-1].removesuffix(".py")
+  flag = next((w for w in words[2:] if w.startswith("--")), "")
+  return f"{meta['stage']}:{command} {flag}".rstrip()
+
+
 def focus_actions(tasks_module: Any, instance: Any, focus: str) -> list[dict[str, Any]]:
   """The expert's actions of one focus (E2E: every stage's, in order), model-neutral."""
   stages = workflow.STAGES if focus == workflow.E2E else (focus,)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from bat_jax import workflow
 from bat_jax.bicurl import setup
 from bat_jax.bicurl.grpo_round import GrpoRound, grpo_config, rollout_batch
 from bat_jax.run_config import RunConfig
@@ -90,3 +91,47 @@ def test_round_start_kl_reference_is_a_copy_of_the_start_policy(tmp_path, chat):
                        types.SimpleNamespace(engine=None), chat, tmp_path / "ckpt2",
                        tmp_path / "ws2")
   assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(sft_grpo.ref_params))
+
+
+def _episode(scores, task, spans, n=20):
+  """An E2E trajectory whose assistant turns are `spans` ((start, end, stage)), rest context."""
+  mask = [0] * n
+  for start, end, _ in spans:
+    mask[start:end] = [1] * (end - start)
+  return Trajectory(state_id="e", focus="E2E", pool="e2e", task_id="t", sample_index=0,
+                    token_ids=list(range(1, n + 1)), loss_mask=mask, sampler_logp=[0.0] * n,
+                    prompt_len=2, reward=workflow.e2e_reward(scores, task),
+                    stage_scores=scores, task_score=task, finish_reason="agent_stop",
+                    turn_spans=list(spans))
+
+
+def test_stage_credit_gives_each_turn_its_stage_advantage_to_go():
+  """`grpo.advantage.credit = "stage"`: a plan turn both samples got right is not pushed by the
+  later stages at discount 0; a stop where infer was due answers for S4; stage-local rows keep
+  their sequence advantage; at discount 1 the first stage's credit is the outcome advantage."""
+  spans = [(2, 4, "S1"), (5, 7, "S2"), (8, 10, "S3")]
+  good = _episode({"S1": 1.0, "S2": 1.0, "S3": 1.0, "S4": 1.0, "S5": 1.0}, 1.0,
+                  spans + [(11, 13, "S4"), (14, 16, "S5"), (17, 19, None)])
+  stopped = _episode({"S1": 1.0, "S2": 1.0, "S3": 0.5, "S4": None, "S5": None}, None,
+                     spans + [(11, 13, None)])
+  local = [_traj("s", 1.0), _traj("s", 0.0)]
+  trajs = [good, stopped] + local
+  own = grpo_config(fast_config(grpo__advantage__credit="stage",
+                                grpo__advantage__credit_discount=0.0))
+  batch, _ = rollout_batch(trajs, max_len=512, cfg=own, pad_id=0)
+  adv = batch["advantages"]
+  assert adv.shape == batch["input_ids"].shape
+  r_good = np.asarray(workflow.e2e_stage_rewards(good.stage_scores, good.task_score))
+  r_stop = np.asarray(workflow.e2e_stage_rewards(stopped.stage_scores, None))
+  half = (r_good - r_stop) / 2
+  np.testing.assert_allclose(adv[0, 2:4], 0.0)                  # S1: both right
+  np.testing.assert_allclose(adv[0, 8:10], half[2])             # S3
+  np.testing.assert_allclose(adv[1, 11:13], -half[3])           # the stop answers for S4
+  np.testing.assert_allclose(adv[0, 17:19], half[4])            # the closing stop after S5
+  np.testing.assert_allclose(adv[1, :2], 0.0)                   # the prompt
+  np.testing.assert_allclose(adv[2:, 2:6], [[0.5] * 4, [-0.5] * 4])  # stage-local rows
+  whole = grpo_config(fast_config(grpo__advantage__credit="stage"))
+  to_go, _ = rollout_batch(trajs, max_len=512, cfg=whole, pad_id=0)
+  outcome, _ = rollout_batch(trajs, max_len=512, cfg=grpo_config(fast_config()), pad_id=0)
+  np.testing.assert_allclose(to_go["advantages"][:, 2], outcome["advantages"], atol=1e-6)
+  np.testing.assert_allclose(to_go["advantages"][1, 11], -half[3:].sum(), atol=1e-6)

@@ -93,3 +93,25 @@ def test_invalid_rows_rewards_are_never_read():
   np.testing.assert_allclose(got, [0.5, 0.0, -0.5, 0.0])
   with pytest.raises(ValueError, match="valid \\(3,\\) must be \\[B\\]"):
     group_advantages(np.zeros(4), np.zeros(4, int), valid=np.ones(3, bool))
+
+
+def test_stage_credit_is_per_stage_grpo_summed_over_the_stages_ahead():
+  """Each stage centred within its group on its own; discount 1 gives stage 0 the outcome
+  advantage of the summed reward, 0 each stage its own centred reward; groups never mix."""
+  from bat_jax.grpo.advantages import stage_credit
+  rng = np.random.default_rng(0)
+  rewards = rng.uniform(0, 1, (6, 5)).astype(np.float32)
+  groups = np.array([0, 0, 0, 7, 7, 7])
+  centred = np.stack([np.asarray(group_advantages(rewards[:, s], groups)) for s in range(5)], 1)
+  own = np.asarray(stage_credit(rewards, groups, discount=0.0))
+  np.testing.assert_allclose(own, centred, atol=1e-6)
+  whole = np.asarray(stage_credit(rewards, groups, discount=1.0))
+  np.testing.assert_allclose(whole[:, 0], group_advantages(rewards.sum(1), groups), atol=1e-6)
+  np.testing.assert_allclose(whole[:, 3], centred[:, 3:].sum(1), atol=1e-6)
+  half = np.asarray(stage_credit(rewards, groups, discount=0.5))
+  np.testing.assert_allclose(half[:, 2], centred[:, 2] + 0.5 * centred[:, 3]
+                             + 0.25 * centred[:, 4], atol=1e-6)
+  valid = np.array([True, True, False, True, True, True])
+  np.testing.assert_allclose(np.asarray(stage_credit(rewards, groups, valid=valid))[2], 0.0)
+  with pytest.raises(ValueError, match="discount 2"):
+    stage_credit(rewards, groups, discount=2.0)

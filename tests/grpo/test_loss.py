@@ -251,3 +251,19 @@ def test_tis_weight_is_capped_and_never_overflows():
   np.testing.assert_allclose(float(m["tis_weight"]), (1 + np.exp(0.5) + 2.0) / 3, rtol=1e-5)
   assert float(m["tis_capped_frac"]) == pytest.approx(1 / 3)
   assert np.isfinite(float(m["pg_loss"]))
+
+
+def test_per_token_advantages_match_the_broadcast_sequence_ones_and_each_token_its_own():
+  """`[B, T]` advantages (per-stage credit): a row's constant advantage gives the `[B]` loss
+  and gradient exactly; a token's own advantage scales only its own gradient."""
+  logp, old, adv, mask, ref, _ = random_inputs(5)
+  kw = dict(ref_logp=ref, kl_coef=0.1, clip_low=0.2, clip_high=0.3, dual_clip=3.0)
+  per_row = jax.grad(lambda lp: policy_loss(lp, old, adv, mask, **kw)[0])(jnp.asarray(logp))
+  tokens = np.broadcast_to(adv[:, None], mask.shape).copy()
+  per_tok = jax.grad(lambda lp: policy_loss(lp, old, tokens, mask, **kw)[0])(jnp.asarray(logp))
+  np.testing.assert_allclose(per_tok, per_row, rtol=1e-6, atol=1e-7)
+  tokens[0, :] = 0.0
+  only = jax.grad(lambda lp: policy_loss(lp, logp, tokens, mask)[0])(jnp.asarray(logp))
+  assert np.all(np.asarray(only)[0] == 0.0) and np.any(np.asarray(only)[1:] != 0.0)
+  with pytest.raises(ValueError, match=r"per token"):
+    policy_loss(logp, old, tokens[:, :3], mask)

@@ -282,7 +282,13 @@ def test_stage_end_cuts_a_stage_local_row_at_the_next_stages_call(chat, focus, r
   whole = AgentLoop(ScriptedEngine(chat, script), chat, make_env, concurrency=1)
   [full] = whole.run([row], group_size=1)
   assert full.finish_reason == "agent_stop" and len(envs[0].calls) == 2
+  # Each kept turn's span holds exactly its generated tokens and names its call's stage.
+  assert [st for _, _, st in full.turn_spans] == ["S3", "S4", None]
+  for start, end, _ in traj.turn_spans:
+    assert all(traj.loss_mask[start:end]) and not traj.loss_mask[end:end + 1] == [1]
+  assert sum(e - s for s, e, _ in full.turn_spans) == full.num_response_tokens
   if reason == "stage_end":
+    assert [st for _, _, st in traj.turn_spans] == ["S3"]  # the cut turn's span goes with it
     assert traj.num_turns == 2 and traj.num_tool_calls == 1
     # What is kept is the uncut trajectory up to the second turn: its prompt, first turn and
     # first observation, so the row ends on an observation and no token of the cut turn stays.

@@ -98,3 +98,26 @@ def test_stop_row_follows_the_last_call_and_ends_the_episode(chat):
   parsed = chat.parse_actions(target.removesuffix("<|im_end|>"))
   assert parsed.ok and parsed.actions == () and sft_rows.STOP_TEXT in target
   assert "<tool_call>" not in target
+
+
+def test_decision_kind_names_the_choice_each_row_asks_for():
+  """Stage-tools rows are keyed by command and first flag (a recovery's fix, a failure's
+  blocked infer and failed submit are their own kinds); other code by its action index."""
+  from bat_jax import train_tasks
+  from bat_jax.taskkit import expert_actions
+  kinds = []
+  for outcome in ("recovery", "failure"):
+    inst = train_tasks.generate("vqa", 3, outcome, "stage_tools")
+    actions = [sft_rows.neutral_action(a) for s in workflow.STAGES
+               for a in expert_actions(inst, s)]
+    state = grid.GridState("E2E", "vqa", outcome)
+    observations = [workflow.format_observation(0, "ok\n", "")] * len(actions)
+    rows = sft_rows.rows_for_task(USER, state, actions, observations, state_id="s",
+                                  task_seed=3, generator="g", stop=True)
+    kinds.append([sft_rows.decision_kind(r) for r in rows])
+  assert kinds[0] == ["E2E:plan --weights", "E2E:setup --card", "E2E:validate --cases",
+                      "E2E:fix --fault", "E2E:validate --cases", "E2E:infer --data",
+                      "E2E:submit --to", "E2E:stop"]
+  assert kinds[1][3:] == ["E2E:infer --blocked", "E2E:submit --failed", "E2E:stop"]
+  assert [sft_rows.decision_kind(r) for r in _rows()] == [
+      "S3:action 0", "S3:action 1", "S3:action 2"]
