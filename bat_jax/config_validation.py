@@ -223,6 +223,10 @@ def _check_training(ck: _Checker) -> None:
   ck.one_of("grpo.advantage.credit", CREDIT_MODES)
   ck.that("grpo.advantage.credit_discount",
           lambda v: isinstance(v, (int, float)) and 0 <= v <= 1, "a number in [0, 1]")
+  if (ck.get("grpo.advantage.credit") == "stage"
+      and ck.get("workflow.action_space") != "stage_tools"):
+    ck.fail("grpo.advantage.credit", "'stage' needs workflow.action_space 'stage_tools' (only "
+            "its calls name the stage a turn answers for)")
   if ck.get("grpo.advantage.credit") == "stage" and ck.get("grpo.failed_call_penalty"):
     ck.fail("grpo.failed_call_penalty", "is not defined with grpo.advantage.credit 'stage' "
             "(a penalty has no stage to land on); set it to 0")

@@ -158,6 +158,8 @@ def rollout_batch(trajectories: list[Trajectory], *, max_len: int, cfg: GrpoConf
                                            valid=valid, mode=cfg.advantage_mode,
                                            std_normalize=cfg.std_normalize))
   if cfg.credit == "stage":
+    if failed_call_penalty:
+      raise ValueError("failed_call_penalty is not defined with per-stage credit")
     advantages = stage_credit_advantages(trajectories, advantages, collated["group_ids"],
                                          valid, collated["input_ids"].shape[1], cfg)
   rewards = collated["rewards"][valid] if valid.any() else np.zeros(1, np.float32)

@@ -174,3 +174,30 @@ def test_stage_end_needs_the_stage_tools_action_space():
     validate_config(cfg)
   cfg.sft.stage_stop_rows = True
   validate_config(cfg)
+
+
+def test_stage_credit_and_decision_balance_are_checked():
+  """Per-stage credit reads a turn's stage from its stage-tools call and has no stage for a
+  failed-call penalty; the SFT balance exponent is bounded."""
+  cfg = tiny.get_config()
+  cfg.grpo.advantage.credit = "stage"
+  validate_config(cfg)
+  cfg.grpo.failed_call_penalty = 0.1
+  with pytest.raises(ConfigError, match="config.grpo.failed_call_penalty: is not defined"):
+    validate_config(cfg)
+  cfg.grpo.failed_call_penalty = 0.0
+  cfg.grpo.advantage.credit = "turn"
+  with pytest.raises(ConfigError, match=r"config.grpo.advantage.credit: 'turn' is not one of"):
+    validate_config(cfg)
+  cfg.grpo.advantage.credit = "stage"
+  cfg.grpo.advantage.credit_discount = 1.5
+  with pytest.raises(ConfigError, match="config.grpo.advantage.credit_discount"):
+    validate_config(cfg)
+  cfg.grpo.advantage.credit_discount = 0.0
+  cfg.workflow.action_space, cfg.rollout.stage_end, cfg.sft.stage_stop_rows = "code", False, True
+  with pytest.raises(ConfigError, match="config.grpo.advantage.credit: 'stage' needs"):
+    validate_config(cfg)
+  cfg = tiny.get_config()
+  cfg.sft.decision_balance = -0.5
+  with pytest.raises(ConfigError, match="config.sft.decision_balance"):
+    validate_config(cfg)
