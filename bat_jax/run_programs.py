@@ -34,7 +34,8 @@ def optimizer_config(section: ml_collections.ConfigDict, total_steps: int) -> Op
   """AdamW settings of the `sft` or `grpo` section."""
   return OptimizerConfig(learning_rate=section.lr, schedule=section.schedule,
                          warmup_steps=section.warmup_steps, total_steps=total_steps,
-                         weight_decay=section.weight_decay, max_grad_norm=section.max_grad_norm)
+                         weight_decay=section.weight_decay, max_grad_norm=section.max_grad_norm,
+                         eps=section.adam_eps)
 
 
 def grpo_config(cfg: RunConfig) -> GrpoConfig:

@@ -204,6 +204,7 @@ def sft_config() -> ml_collections.ConfigDict:
   s.schedule = "constant"            # not in the release
   s.weight_decay = 0.0               # not in the release
   s.max_grad_norm = 1.0              # not in the release
+  s.adam_eps = 1e-8                  # AdamW's epsilon (optax's default)
   s.validation_fraction = 0.05
   s.max_validation_examples = 512
   s.num_examples = 6400              # rows drawn from the Stage Bank (steps x batch)
@@ -286,6 +287,9 @@ def grpo_config() -> ml_collections.ConfigDict:
   # against sampler/trainer mismatch (verl's tis_imp_ratio_cap; 2.0 is a common value). None: off.
   s.tis_cap = config_dict.placeholder(float)
   s.max_grad_norm = 1.0             # not in the release
+  # AdamW's epsilon. At 1e-8 Adam's first steps move every weight by ~lr whatever its gradient's
+  # size; an epsilon near the gradients' scale moves weights with small (noisy) gradients less.
+  s.adam_eps = 1e-8
   s.micro_batches = 4
   s.logprob_chunk_size = 512        # sequence chunk of the taken-token logprob scan
   s.logprob_save_probs = False      # True keeps B*T*V fp32 softmax (small vocab only)

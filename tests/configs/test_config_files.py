@@ -351,3 +351,14 @@ def test_grpo_loss_defaults_follow_verl():
   cfg = base.get_config()
   assert cfg.grpo.dual_clip == 3.0 and cfg.grpo.kl_reference == "sft"
   assert cfg.grpo.loss_norm_length is None   # -> rollout.limits.max_response_tokens
+
+
+def test_adam_eps_reaches_each_phase_optimizer_and_must_be_positive():
+  from bat_jax.run_programs import optimizer_config
+  cfg = parse_flags(f"--config={ROOT / 'configs/tiny.py'}", "--config.grpo.adam_eps=1e-3")
+  validate_config(cfg)
+  assert optimizer_config(cfg.grpo, 12).eps == 1e-3
+  assert optimizer_config(cfg.sft, 1).eps == 1e-8
+  with pytest.raises(ConfigError, match="grpo.adam_eps"):
+    validate_config(parse_flags(f"--config={ROOT / 'configs/tiny.py'}",
+                                "--config.grpo.adam_eps=0"))
