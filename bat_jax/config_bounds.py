@@ -133,6 +133,7 @@ BOUNDS: Mapping[str, Bound] = {
     "grpo.clip_high": Bound(0, 100, "a ratio clip"),
     "grpo.dual_clip": Bound(1, 1e6, "a loss cap multiple (> 1)", lo_open=True),
     "grpo.tis_cap": _positive(1e6, "an importance weight cap"),
+    "grpo.pg_min_entropy": Bound(0, 50, "an entropy in nats"),
     "grpo.max_grad_norm": _positive(1e6, "a gradient norm"),
     "grpo.adam_eps": _positive(1e3, "AdamW's epsilon"),
     "grpo.micro_batches": _count(64 * K, "accumulation steps"),

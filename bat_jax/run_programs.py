@@ -45,8 +45,10 @@ def grpo_config(cfg: RunConfig) -> GrpoConfig:
                     clip_low=g.clip_low, clip_high=g.clip_high, dual_clip=g.dual_clip,
                     kl_coef=g.kl_coef, kl_estimator=g.kl_estimator, loss_agg=g.loss_agg,
                     tis_cap=g.tis_cap, temperature=cfg.rollout.sampling.temperature,
+                    # seq-mean-token-sum-norm's constant (ignored by the other aggregations).
+                    norm_length=g.loss_norm_length or cfg.rollout.limits.max_response_tokens,
                     logprob_chunk_size=g.logprob_chunk_size,
-                    logprob_save_probs=g.logprob_save_probs)
+                    logprob_save_probs=g.logprob_save_probs, pg_min_entropy=g.pg_min_entropy)
 
 
 def step_config(section: ml_collections.ConfigDict,

@@ -287,6 +287,10 @@ def grpo_config() -> ml_collections.ConfigDict:
   # against sampler/trainer mismatch (verl's tis_imp_ratio_cap; 2.0 is a common value). None: off.
   s.tis_cap = config_dict.placeholder(float)
   s.max_grad_norm = 1.0             # not in the release
+  # Policy gradient only on tokens whose policy entropy (nats, at the rollout temperature) is at
+  # least this; the KL term keeps every token. 0: every token (the release). Not in the release:
+  # Wang et al. 2025 ("Beyond the 80/20 rule") train on the ~20% highest-entropy tokens only.
+  s.pg_min_entropy = 0.0
   # AdamW's epsilon. At 1e-8 Adam's first steps move every weight by ~lr whatever its gradient's
   # size; an epsilon near the gradients' scale moves weights with small (noisy) gradients less.
   s.adam_eps = 1e-8

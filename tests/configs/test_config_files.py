@@ -353,6 +353,22 @@ def test_grpo_loss_defaults_follow_verl():
   assert cfg.grpo.loss_norm_length is None   # -> rollout.limits.max_response_tokens
 
 
+def test_token_sum_norm_loss_gets_its_constant_length_from_the_run():
+  """`grpo.loss_norm_length` None means the rollout's max response length, in the loss the run
+  builds as in validation (the run used to build the loss without it and fail at its first
+  step)."""
+  from bat_jax.grpo import grpo_loss_fn
+  from bat_jax.run_programs import grpo_config
+  tiny = f"--config={ROOT / 'configs/tiny.py'}"
+  cfg = parse_flags(tiny, "--config.grpo.loss_agg=seq-mean-token-sum-norm")
+  validate_config(cfg)
+  assert grpo_config(cfg).norm_length == cfg.rollout.limits.max_response_tokens == 768
+  grpo_loss_fn(grpo_config(cfg))
+  cfg = parse_flags(tiny, "--config.grpo.loss_agg=seq-mean-token-sum-norm",
+                    "--config.grpo.loss_norm_length=500")
+  assert grpo_config(cfg).norm_length == 500
+
+
 def test_adam_eps_reaches_each_phase_optimizer_and_must_be_positive():
   from bat_jax.run_programs import optimizer_config
   cfg = parse_flags(f"--config={ROOT / 'configs/tiny.py'}", "--config.grpo.adam_eps=1e-3")
@@ -362,3 +378,14 @@ def test_adam_eps_reaches_each_phase_optimizer_and_must_be_positive():
   with pytest.raises(ConfigError, match="grpo.adam_eps"):
     validate_config(parse_flags(f"--config={ROOT / 'configs/tiny.py'}",
                                 "--config.grpo.adam_eps=0"))
+
+
+def test_pg_min_entropy_reaches_the_grpo_loss_and_must_be_non_negative():
+  from bat_jax.run_programs import grpo_config
+  cfg = parse_flags(f"--config={ROOT / 'configs/tiny.py'}", "--config.grpo.pg_min_entropy=0.3")
+  validate_config(cfg)
+  assert grpo_config(cfg).pg_min_entropy == 0.3
+  assert grpo_config(parse_flags(f"--config={ROOT / 'configs/tiny.py'}")).pg_min_entropy == 0.0
+  with pytest.raises(ConfigError, match="grpo.pg_min_entropy"):
+    validate_config(parse_flags(f"--config={ROOT / 'configs/tiny.py'}",
+                                "--config.grpo.pg_min_entropy=-1"))

@@ -267,3 +267,29 @@ def test_per_token_advantages_match_the_broadcast_sequence_ones_and_each_token_i
   assert np.all(np.asarray(only)[0] == 0.0) and np.any(np.asarray(only)[1:] != 0.0)
   with pytest.raises(ValueError, match=r"per token"):
     policy_loss(logp, old, tokens[:, :3], mask)
+
+
+def test_pg_mask_drops_the_policy_gradient_of_masked_tokens_but_keeps_their_kl():
+  logp, old, adv, mask, ref, _ = random_inputs(3)
+  pg_mask = (np.random.default_rng(4).uniform(size=mask.shape) < 0.5).astype(np.float32)
+  kw = dict(kl_coef=0.1, kl_estimator="k3", loss_agg="seq-mean-token-mean")
+
+  def grads(pg):
+    fn = lambda lp: policy_loss(lp, old, adv, mask, ref_logp=ref, pg_mask=pg, **kw)[0]
+    return np.asarray(jax.grad(fn)(jnp.asarray(logp)))
+
+  full, masked = grads(None), grads(pg_mask)
+  kl_only = np.asarray(jax.grad(lambda lp: policy_loss(
+      lp, old, np.zeros_like(adv), mask, ref_logp=ref, **kw)[0])(jnp.asarray(logp)))
+  kept = (pg_mask * mask) > 0
+  dropped = (mask > 0) & ~kept
+  assert kept.any() and dropped.any()
+  np.testing.assert_allclose(masked[kept], full[kept], rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(masked[dropped], kl_only[dropped], rtol=1e-5, atol=1e-7)
+  assert not np.allclose(full[dropped], kl_only[dropped])   # the PG term was really there
+  # The denominator is unchanged (every mask token), and the kept fraction is reported.
+  _, metrics = policy_loss(logp, old, adv, mask, ref_logp=ref, pg_mask=pg_mask, **kw)
+  np.testing.assert_allclose(metrics["pg_tokens"], (pg_mask * mask).sum() / mask.sum(),
+                             rtol=1e-6)
+  with pytest.raises(ValueError, match="pg_mask has shape"):
+    policy_loss(logp, old, adv, mask, pg_mask=pg_mask[:, :-1])

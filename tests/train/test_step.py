@@ -204,3 +204,36 @@ def test_schedule_warmup_then_cosine():
   const = make_schedule(OptimizerConfig(learning_rate=0.3, warmup_steps=0))
   assert float(const(0)) == float(const(100)) == pytest.approx(0.3)
 
+
+
+def test_pg_min_entropy_trains_only_high_entropy_tokens():
+  """grpo.pg_min_entropy: the objective keeps the policy gradient where the policy's entropy
+  reaches the threshold. 0 is the release's loss exactly; a threshold above every token's
+  entropy leaves only the KL term; one in between keeps a fraction of the tokens."""
+  policy, ref = tiny_model(seed=0), tiny_model(seed=1)
+  batch = {k: jnp.asarray(v) for k, v in BATCH.items()}
+  ref_logp = taken_token_logprobs(ref, batch["input_ids"], valid=batch["valid"], chunk_size=5)[0]
+  batch = {**batch, "ref_logp": ref_logp}
+
+  def loss(threshold, advantages=None):
+    fn = grpo_loss_fn(GrpoConfig(kl_coef=0.1, logprob_chunk_size=5, compute_entropy=True,
+                                 pg_min_entropy=threshold))
+    b = batch if advantages is None else {**batch, "advantages": advantages}
+    num, den, stats = fn(policy, b, None)
+    return float(num / den), {k: float(v) / float(stats["tokens"]) for k, v in stats.items()
+                              if k in ("pg_tokens_sum", "entropy_sum")}
+
+  release, stats0 = loss(0.0)
+  assert "pg_tokens_sum" not in stats0
+  median = float(np.median(np.asarray(taken_token_logprobs(
+      policy, batch["input_ids"], valid=batch["valid"], chunk_size=5, with_entropy=True)[1])[
+          np.asarray(batch["loss_mask"]) > 0]))
+  _, half = loss(median)
+  assert 0.2 < half["pg_tokens_sum"] < 0.8
+  above_all, none_kept = loss(1e3)
+  assert none_kept["pg_tokens_sum"] == 0.0
+  kl_only, _ = loss(0.0, advantages=jnp.zeros_like(batch["advantages"]))
+  np.testing.assert_allclose(above_all, kl_only, rtol=1e-6)
+  assert abs(release - kl_only) > 1e-4
+  with pytest.raises(ValueError, match="pg_min_entropy"):
+    GrpoConfig(pg_min_entropy=-0.1)
