@@ -107,14 +107,26 @@ def pretrain_config() -> ml_collections.ConfigDict:
   s.echo_long_batch_size = 32
   s.echo_long_seq_len = 64
   # Copy accuracy exact (values): 300 steps 0.031 (0.150), 600 0.156 (0.573), 900 0.406 (0.812);
-  # on the 900-step base the main job's held-out S2/S3 leave 0 (experiments/README.md).
-  s.steps = 900
+  # on the 900-step base the main job's held-out S2/S3 leave 0 (experiments/README.md). 700
+  # since the extension phase (below) goes on with the next documents: the main job's 15 min.
+  s.steps = 700
   s.batch_size = 16
   s.seq_len = 256                # packed plain-text documents, next-token loss on every token
   s.lr = 3e-3
   s.warmup_steps = 20
+  # Context extension: the next documents packed into rows as long as a task's episode. Trained
+  # on 256-token rows alone the base copied none of its probes after 500 tokens of other
+  # documents (`probe_depth`); 150 steps at 1,024 took that to 0.75 in ~100 s
+  # (experiments/README.md, "Context extension").
+  s.extend_steps = 150
+  s.extend_batch_size = 4
+  s.extend_seq_len = 1024
+  s.extend_lr = 1e-3
   s.seed = 0                     # the corpus and the init: one base for every run seed
   s.probes = 96                  # fresh documents whose target call the report scores
+  # ... scored again after this many tokens of other documents (0: not): where a task's
+  # episode makes its calls (400-1,150 tokens in), not where a short corpus row ends.
+  s.probe_depth = 768
   s.checkpoint_every = 100
   # One folder per hash of (generator, these fields, hf_config, tokenizer): shared by runs.
   # $BAT_JAX_CACHE (default ~/.cache/bat_jax) is read here, so the test suite points it at a

@@ -80,9 +80,9 @@ SMOKE_OVERRIDES = {
     "pretrain.echo_steps": 2,
     "pretrain.echo_batch_size": 4,
     "pretrain.echo_seq_len": 64,
-    "pretrain.echo_long_steps": 2,
-    "pretrain.echo_long_batch_size": 2,
-    "pretrain.echo_long_seq_len": 64,
+    # Two phases, not four: each compiles a step of its own (tests/pretrain covers all four).
+    "pretrain.echo_long_steps": 0,
+    "pretrain.extend_steps": 0,
     "pretrain.steps": 4,
     "pretrain.batch_size": 4,
     "pretrain.seq_len": 128,
@@ -101,6 +101,7 @@ SMOKE_OVERRIDES = {
     "sft.e2e_tasks": 0,
     "sft.reaction_tasks": 0,
     "sft.max_seq_len": 1024,
+    "sft.bucket_lengths": (512,),   # two step shapes, not three: each compile is ~11 s here
     "sft.max_validation_examples": 1,
     "sft.checkpoint.every": 1,
     "grpo.rounds": 2,

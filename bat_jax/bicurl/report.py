@@ -212,7 +212,9 @@ def markdown(report: dict[str, Any]) -> str:
   if base:
     lines += ["", f"Tiny base `{base['key']}` ({'cached' if base['cache_hit'] else 'built'}): "
               f"copy accuracy {base['copy_accuracy']:.3f} on {base['probes']} fresh probes "
-              f"(values {base['value_accuracy']:.3f}), "
+              f"(values {base['value_accuracy']:.3f})"
+              + (f", {base['deep_copy_accuracy']:.3f} after {base['probe_depth']} tokens of "
+                 f"other documents" if "deep_copy_accuracy" in base else "") + ", "
               f"{base.get('echo_steps', 0) + base.get('echo_long_steps', 0)} echo + "
               f"{base['steps']} corpus steps, "
               f"{base['seconds']:.0f} s to build."]

@@ -10,11 +10,14 @@ repeated runs and the study's seeds and modes share one base.
     cache_dir/<key>.build/        orbax checkpoints of an unfinished build (resumed, then removed)
     cache_dir/<key>.lock          held while the entry is looked up or built (one builder a key)
 
-Pretraining is the SFT trainer in three phases, so it is seeded, resumable and bit-identical
+Pretraining is the SFT trainer in four phases, so it is seeded, resumable and bit-identical
 like SFT: `echo_steps` of short echoes in short rows, then `echo_long_steps` of longer ones
 (random vocabulary pieces between the tokenizer's reserved separators, then the same pieces
 again: where induction heads form), then `steps` of packed plain-text documents
-(`corpus.plain_text`) with an echo after every second one, the loss on the calls and on the echoes' second copies. The
+(`corpus.plain_text`) with an echo after every second one, the loss on the calls and on the
+echoes' second copies, then `extend_steps` of the next documents packed into rows as long as a
+task's episode (context extension: a base trained on 256-token rows copied none of its probes
+after 500 tokens of other documents; `probe.probe_copy`'s deep probe). The
 corpus is leak-checked against this run's held-out markers on every use, built or reused: a
 base must never have seen held-out content, and a hit fails closed (an echo the check refuses
 is drawn again, and the redraw recorded).
@@ -33,21 +36,20 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from bat_jax.io_utils import atomic_write_json
 from bat_jax.model import tokenizer as tokenizer_lib
 from bat_jax.pretrain import corpus
+from bat_jax.pretrain import probe as probe_lib
 
 log = logging.getLogger(__name__)
 
 RECORD = "base.json"
-PROBE_SEED_OFFSET = 1_000_003   # probes come from another seed's documents: never trained on
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +65,14 @@ class PretrainConfig:
   batch_size: int
   seq_len: int
   lr: float
+  extend_steps: int              # then the next documents in rows of `extend_seq_len` tokens
+  extend_batch_size: int
+  extend_seq_len: int
+  extend_lr: float
   warmup_steps: int
   seed: int
   probes: int
+  probe_depth: int
   checkpoint_every: int
   cache_dir: str
 
@@ -94,24 +101,6 @@ def cache_key(pcfg: PretrainConfig, hf_config: dict[str, Any], tokenizer_dir: Pa
     if name != "tokenizer_config.json":  # carries the chat-format record, not the vocabulary
       h.update(name.encode() + b"\0" + path.read_bytes())
   return h.hexdigest()[:24]
-
-
-def _encoded_documents(tokenizer: Any, docs: Sequence[corpus.Document], eot_id: int
-                       ) -> list[tuple[list[int], list[int]]]:
-  """`(ids, loss mask)` of `docs`, each ending in `eot_id`."""
-  pieces = [corpus.plain_segments(d) for d in docs]
-  encoded = iter(tokenizer([t for doc in pieces for t, _ in doc],
-                           add_special_tokens=False)["input_ids"])
-  out = []
-  for doc in pieces:
-    ids: list[int] = []
-    mask: list[int] = []
-    for _, is_call in doc:
-      piece = next(encoded)
-      ids += piece
-      mask += [int(is_call)] * len(piece)
-    out.append((ids + [eot_id], mask + [0]))
-  return out
 
 
 ECHO_SHARE = 2   # every ECHO_SHARE-th packed document is an echo (`_echo`)
@@ -228,6 +217,7 @@ class Corpus:
   echo_rows: list[tuple[list[int], list[int]]]
   echo_long_rows: list[tuple[list[int], list[int]]]
   rows: list[tuple[list[int], list[int]]]
+  extend_rows: list[tuple[list[int], list[int]]]
   documents: int                 # corpus documents drawn (indices 0..documents-1)
   echoes: int                    # echo-phase echoes drawn (from ECHO_PHASE_START["echo"])
   long_echoes: int               # long-echo-phase echoes drawn (from ECHO_PHASE_START["echo_long"])
@@ -242,7 +232,7 @@ class Corpus:
 
 
 def build_corpus(tokenizer: Any, pcfg: PretrainConfig, eot_id: int, checker: Any) -> Corpus:
-  """Both phases' packed rows (loss on the calls and on the echoes' second copies); every
+  """Every phase's packed rows (loss on the calls and on the echoes' second copies); every
   document and echo is one the leak check accepts (`_first_clean`), checked as it is drawn."""
   doc_redraws: dict[int, int] = {}
   echo_redraws: dict[int, int] = {}
@@ -264,7 +254,7 @@ def build_corpus(tokenizer: Any, pcfg: PretrainConfig, eot_id: int, checker: Any
       chosen = [(i, _first_clean(lambda a: _document_text(pcfg.seed, i, a), i, checker,
                                  doc_redraws)) for i in range(start, start + 256)]
       kept = [(i, corpus.document(pcfg.seed, i, attempt=a)) for i, a in chosen if a is not None]
-      for (i, _), encoded in zip(kept, _encoded_documents(tokenizer, [d for _, d in kept],
+      for (i, _), encoded in zip(kept, corpus.encoded_documents(tokenizer, [d for _, d in kept],
                                                           eot_id)):
         counts["documents"] = i + 1
         yield encoded
@@ -279,9 +269,13 @@ def build_corpus(tokenizer: Any, pcfg: PretrainConfig, eot_id: int, checker: Any
       raise ValueError(f"pretrain.{phase}_seq_len={seq} is shorter than the longest "
                        f"{phase} echo ({longest} tokens); set it to at least {longest}")
     echo_rows[phase] = _pack(echoes(phase), steps * batch, seq, eot_id) if steps else []
-  rows = _pack(documents(), pcfg.steps * pcfg.batch_size, pcfg.seq_len, eot_id)
-  return Corpus(echo_rows["echo"], echo_rows["echo_long"], rows, counts["documents"],
-                counts["echo"], counts["echo_long"], doc_redraws, echo_redraws)
+  docs = documents()   # the extension phase's rows go on where the corpus phase's end
+  rows = _pack(docs, pcfg.steps * pcfg.batch_size, pcfg.seq_len, eot_id)
+  extend_rows = (_pack(docs, pcfg.extend_steps * pcfg.extend_batch_size, pcfg.extend_seq_len,
+                       eot_id) if pcfg.extend_steps else [])
+  return Corpus(echo_rows["echo"], echo_rows["echo_long"], rows, extend_rows,
+                counts["documents"], counts["echo"], counts["echo_long"], doc_redraws,
+                echo_redraws)
 
 
 class CorpusLeakError(ValueError):
@@ -316,47 +310,6 @@ def check_corpus(checker: Any, tokenizer: Any, pcfg: PretrainConfig, record: Map
       refuse("echo", index, lambda a: echo(a, index))
 
 
-def next_token_argmax(model: nnx.Module, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-  """`[P, W]`: the model's most likely next token at every position of `tokens` `[P, W]` (each
-  row valid up to its length), from one batched forward pass."""
-  valid = np.arange(tokens.shape[1])[None, :] < lengths[:, None]
-  forward = jax.jit(lambda t, v: jnp.argmax(model(t, valid=v), axis=-1))
-  return np.asarray(forward(jnp.asarray(tokens), jnp.asarray(valid)))
-
-
-def probe_copy(model: nnx.Module, tokenizer: Any, pcfg: PretrainConfig,
-               eot_id: int) -> dict[str, Any]:
-  """Copy accuracy on fresh documents (another seed's), teacher-forced: a target call counts as
-  copied when, given the context and the call's earlier tokens, the most likely next token is the
-  call's own at every position, which is exactly when greedy decoding writes the call (in the
-  target's tokenization). One forward pass instead of a decode loop (~35 s of the build, and a
-  fixed token budget that cut long lists short). `value_accuracy`: the share of copied values
-  found in the predicted call."""
-  docs = corpus.documents(pcfg.seed + PROBE_SEED_OFFSET, 0, pcfg.probes)
-  texts = [corpus.plain_text(d) for d in docs]
-  encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
-  rows = [(encode(context), encode(target)) for context, target in texts]
-  lengths = np.array([len(c) + len(t) for c, t in rows])
-  tokens = np.full((len(rows), int(lengths.max())), eot_id, np.int32)     # [P, W]
-  for i, (context, target) in enumerate(rows):
-    tokens[i, :lengths[i]] = context + target
-  argmax = next_token_argmax(model, tokens, lengths)                      # [P, W]
-  per_kind: dict[str, list[int]] = {}
-  values = hits = 0
-  predicted = []
-  for i, (doc, (context, target)) in enumerate(zip(docs, rows)):
-    guess = argmax[i, len(context) - 1:lengths[i] - 1].tolist()          # predicts target
-    predicted.append(tokenizer.decode(guess))
-    per_kind.setdefault(doc.kind, []).append(int(guess == target))
-    values += len(doc.answer)
-    hits += sum(v in predicted[-1] for v in doc.answer)
-  exact = [x for xs in per_kind.values() for x in xs]
-  return {"probes": len(docs), "copy_accuracy": float(np.mean(exact)),
-          "value_accuracy": hits / max(values, 1),
-          "by_kind": {k: float(np.mean(v)) for k, v in sorted(per_kind.items())},
-          "example": {"expected": texts[0][1].strip(), "predicted": predicted[0].strip()}}
-
-
 def cache_root(pcfg: PretrainConfig) -> Path:
   return Path(pcfg.cache_dir).expanduser()
 
@@ -366,22 +319,29 @@ def load_record(base_dir: Path) -> Optional[dict[str, Any]]:
   return json.loads(path.read_text()) if (base_dir / "model").is_dir() and path.is_file() else None
 
 
+# (name, learning-rate schedule), in training order; a phase's fields are `<name>_steps`, ...
+# (the corpus phase's are `steps`, `batch_size`, `seq_len`) and its rows `Corpus.<name>_rows`.
+PHASES = (("echo", "constant"), ("echo_long", "constant"), ("corpus", "cosine"),
+          ("extend", "cosine"))
+
+
 def _train(model: nnx.Module, build: Any, pcfg: PretrainConfig, data: Corpus, staging: Path,
            eot_id: int, *, mesh: jax.sharding.Mesh, rules: Any) -> dict[str, Optional[float]]:
-  """The three phases, each the SFT trainer with its own orbax folder (a finished phase restores
+  """The four phases, each the SFT trainer with its own orbax folder (a finished phase restores
   and returns at once on a resume). The echo phases hold their learning rate after warmup: the
   copying plateau ends only while the rate is still high (measured:
-  experiments/copy_reference.py); the corpus phase then decays it (cosine)."""
+  experiments/copy_reference.py); the corpus phase then decays it (cosine), and the extension
+  warms up again to its own, lower rate and decays it."""
   from bat_jax.sft import SftConfig, run_sft      # heavy imports: only when building
   from bat_jax.train.step import OptimizerConfig
-  losses: dict[str, list[float]] = {"echo": [], "echo_long": [], "corpus": []}
+  losses: dict[str, list[float]] = {name: [] for name, _ in PHASES}
   seconds: dict[str, float] = {}
 
-  def phase(name: str, rows, steps: int, shape: tuple[int, int], schedule: str,
+  def phase(name: str, rows, steps: int, shape: tuple[int, int], schedule: str, lr: float,
             make_params) -> None:
     cfg = SftConfig(num_steps=steps, batch_size=shape[0], max_len=shape[1],
                     seed=pcfg.seed, checkpoint_every=pcfg.checkpoint_every, pad_id=eot_id,
-                    optimizer=OptimizerConfig(learning_rate=pcfg.lr, schedule=schedule,
+                    optimizer=OptimizerConfig(learning_rate=lr, schedule=schedule,
                                               warmup_steps=pcfg.warmup_steps,
                                               total_steps=steps))
 
@@ -397,14 +357,14 @@ def _train(model: nnx.Module, build: Any, pcfg: PretrainConfig, data: Corpus, st
     seconds[f"{name}_seconds"] = round(time.monotonic() - start, 1)
 
   make_params = lambda trainer: trainer.init_params(build)   # the first phase run inits
-  for name, rows, schedule in (("echo", data.echo_rows, "constant"),
-                               ("echo_long", data.echo_long_rows, "constant"),
-                               ("corpus", data.rows, "cosine")):
+  for name, schedule in PHASES:
     prefix = "" if name == "corpus" else f"{name}_"
     steps = getattr(pcfg, f"{prefix}steps")
     if steps:
-      phase(name, rows, steps, (getattr(pcfg, f"{prefix}batch_size"),
-                                getattr(pcfg, f"{prefix}seq_len")), schedule, make_params)
+      lr = pcfg.extend_lr if name == "extend" else pcfg.lr
+      phase(name, getattr(data, f"{prefix}rows"), steps,
+            (getattr(pcfg, f"{prefix}batch_size"), getattr(pcfg, f"{prefix}seq_len")),
+            schedule, lr, make_params)
       make_params = None
   return {**{f"{k}_final_loss": v[-1] if v else None for k, v in losses.items()}, **seconds}
 
@@ -469,18 +429,19 @@ def _build_base(build: Any, pcfg: PretrainConfig, tokenizer_dir: Path, tokenizer
   staging = base_dir.with_name(key + ".build")
   losses = _train(model, build, pcfg, data, staging, eot_id, mesh=mesh, rules=rules)
   train_s = time.monotonic() - start
-  probe = probe_copy(model, tokenizer, pcfg, eot_id)
+  probe = probe_lib.probe_copy(model, tokenizer, pcfg, eot_id)
   export_hf(model, staging / "model", tokenizer_dir=tokenizer_dir)
+  shapes = [[getattr(pcfg, f"{p}{f}") for f in ("steps", "batch_size", "seq_len")]
+            for p in ("echo_", "echo_long_", "", "extend_")]
   record = {"key": key, "generator": corpus.GENERATOR_VERSION, "echo_steps": pcfg.echo_steps,
-            "echo_long_steps": pcfg.echo_long_steps, "steps": pcfg.steps, **drawn,
-            "tokens": (pcfg.echo_steps * pcfg.echo_batch_size * pcfg.echo_seq_len
-                       + pcfg.echo_long_steps * pcfg.echo_long_batch_size
-                       * pcfg.echo_long_seq_len + pcfg.steps * pcfg.batch_size * pcfg.seq_len),
+            "echo_long_steps": pcfg.echo_long_steps, "steps": pcfg.steps,
+            "extend_steps": pcfg.extend_steps, "extend_seq_len": pcfg.extend_seq_len, **drawn,
+            "tokens": sum(int(np.prod(shape)) for shape in shapes),
             "final_loss": losses["corpus_final_loss"], **losses,
             "train_seconds": round(train_s, 1),
             "seconds": round(time.monotonic() - start, 1), **probe}
   atomic_write_json(staging / RECORD, record)
-  for name in ("echo", "echo_long", "corpus"):
+  for name, _ in PHASES:
     shutil.rmtree(staging / f"ckpt_{name}", ignore_errors=True)
   # `_one_builder` holds the key's lock, so a folder here is a stale one with no record.
   shutil.rmtree(base_dir, ignore_errors=True)

@@ -219,3 +219,21 @@ def plain_text(doc: Document) -> tuple[str, str]:
   """`(context, target)`: the transcript up to the target call's `$`, and that call."""
   pieces = plain_segments(doc)
   return "".join(t for t, _ in pieces[:-1]), pieces[-1][0]
+
+
+def encoded_documents(tokenizer: Any, docs: Sequence[Document], eot_id: int
+                      ) -> list[tuple[list[int], list[int]]]:
+  """`(ids, loss mask)` of `docs`, each ending in `eot_id`."""
+  pieces = [plain_segments(d) for d in docs]
+  encoded = iter(tokenizer([t for doc in pieces for t, _ in doc],
+                           add_special_tokens=False)["input_ids"])
+  out = []
+  for doc in pieces:
+    ids: list[int] = []
+    mask: list[int] = []
+    for _, is_call in doc:
+      piece = next(encoded)
+      ids += piece
+      mask += [int(is_call)] * len(piece)
+    out.append((ids + [eot_id], mask + [0]))
+  return out

@@ -130,7 +130,12 @@ def test_tiny_default_pretrains_the_tiny_base_first():
   assert set(cfg.model.hf_config.layer_types) == {"linear_attention", "full_attention"}
   smoke = tiny.get_config("smoke,base")
   assert smoke.model.source == "tiny_base" and smoke.pretrain.steps < 10
-  assert 0 < smoke.pretrain.echo_steps < 10 and 0 < smoke.pretrain.echo_long_steps < 10
+  assert 0 < smoke.pretrain.echo_steps < 10 and smoke.pretrain.echo_long_steps == 0
+  assert smoke.pretrain.extend_steps == 0   # two phases: tests/pretrain covers all four
+  # Context extension: rows as long as a task's episode (SFT rows reach ~1,150 tokens), and the
+  # deep probe scores copying past the corpus rows' length, where the episode's calls are.
+  assert cfg.pretrain.extend_steps >= 100 and cfg.pretrain.extend_seq_len >= 1024
+  assert cfg.pretrain.seq_len < cfg.pretrain.probe_depth < cfg.pretrain.extend_seq_len
   assert len(smoke.model.hf_config.layer_types) == smoke.model.hf_config.num_hidden_layers
   assert tiny.get_config("smoke").model.source == "scratch"   # the tests' fast path
   # Issue 23: the default main job makes >= 24 GRPO steps, each on its own Stage Bank batch.

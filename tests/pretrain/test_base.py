@@ -9,20 +9,12 @@ import json
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 from bat_jax import sharding
-from bat_jax.model import ModelConfig, build_model
 from bat_jax.model import tokenizer as tokenizer_lib
 from bat_jax.pretrain import base
-
-HF = {"model_type": "qwen3_5_text", "vocab_size": 600, "hidden_size": 32,
-      "intermediate_size": 64, "num_hidden_layers": 2,
-      "layer_types": ["full_attention", "linear_attention"], "num_attention_heads": 2,
-      "num_key_value_heads": 1, "head_dim": 16, "linear_num_key_heads": 1,
-      "linear_num_value_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
-      "tie_word_embeddings": True}
-
+from bat_jax.pretrain import probe as probe_lib
+from base_helpers import HF, build as _build, pcfg as _pcfg
 
 class _Checker:
   """Refuses document `bad_index`, and any text in `bad_texts` (by equality)."""
@@ -35,19 +27,6 @@ class _Checker:
     assert pool == "pretrain" and isinstance(row["text"], str)
     bad = index == self.bad_index and row["text"].startswith("Facts:")  # a document
     return ["heldout_marker"] if bad or row["text"] in self.bad_texts else []
-
-
-def _pcfg(tmp_path, **kw):
-  fields = dict(echo_steps=2, echo_batch_size=3, echo_seq_len=48, echo_long_steps=2,
-                echo_long_batch_size=2, echo_long_seq_len=48, steps=3, batch_size=2,
-                seq_len=64, lr=1e-3, warmup_steps=1, seed=5, probes=4, checkpoint_every=1,
-                cache_dir=str(tmp_path / "cache"))
-  return base.PretrainConfig(**{**fields, **kw})
-
-
-def _build():
-  cfg = ModelConfig.from_hf_dict(HF, dtype="float32", param_dtype="float32")
-  return build_model(cfg, rngs=nnx.Rngs(0))
 
 
 def _ensure(pcfg, tokenizer_dir, checker=None):
@@ -68,13 +47,14 @@ def checker_texts(data):
 
 def test_packed_rows_carry_loss_only_on_calls_and_echo_copies(tokenizer_dir, tmp_path):
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
-  pcfg = _pcfg(tmp_path, echo_steps=3, echo_long_steps=2, steps=4, seq_len=96)
+  pcfg = _pcfg(tmp_path, echo_steps=3, echo_long_steps=2, steps=4, seq_len=96, extend_steps=2)
   data = base.build_corpus(tokenizer, pcfg, 0, _Checker())
   assert len(data.rows) == 4 * 2 and len(data.echo_rows) == 3 * 3   # steps x each phase's rows
-  assert len(data.echo_long_rows) == 2 * 2
+  assert len(data.echo_long_rows) == 2 * 2 and len(data.extend_rows) == 2 * 1
   assert data.documents > 0 and data.echoes > 0 and data.long_echoes > 0
   assert data.document_redraws == data.echo_redraws == {}
-  for rows, width in ((data.rows, 96), (data.echo_rows, 48), (data.echo_long_rows, 48)):
+  for rows, width in ((data.rows, 96), (data.echo_rows, 48), (data.echo_long_rows, 48),
+                      (data.extend_rows, 256)):
     assert all(len(ids) == len(mask) == width and mask[0] == 0 for ids, mask in rows)
     assert 0.1 < np.mean([m for _, ms in rows for m in ms]) < 0.9
   runs = [tokenizer.decode([t for t, _ in group])    # each run of loss tokens: a call or a copy
@@ -102,8 +82,13 @@ def test_packed_rows_carry_loss_only_on_calls_and_echo_copies(tokenizer_dir, tmp
   # A short -> long curriculum of lists (base.ECHO_LENGTHS).
   for phase, (lo, hi) in base.ECHO_LENGTHS.items():
     assert lists[phase] and all(lo <= k < hi for k in lists[phase]), phase
+  # The extension's rows hold the documents after the corpus phase's: none is trained twice.
+  facts = lambda rows: {line for ids, _ in rows for line in tokenizer.decode(ids).split("\n")
+                        if line.startswith("Facts:")}
+  assert facts(data.extend_rows) and not facts(data.extend_rows) & facts(data.rows)
   again = base.build_corpus(tokenizer, pcfg, 0, _Checker())
-  assert (again.rows, again.echo_rows) == (data.rows, data.echo_rows)   # deterministic
+  assert (again.rows, again.echo_rows, again.extend_rows) == \
+      (data.rows, data.echo_rows, data.extend_rows)   # deterministic
 
 
 def test_an_echo_the_leak_check_refuses_is_redrawn_and_rechecked_on_reuse(tokenizer_dir,
@@ -151,7 +136,7 @@ def test_build_then_cache_hit_and_key_follows_the_config(tokenizer_dir, tmp_path
 def test_concurrent_runs_on_one_cache_build_the_base_once(tokenizer_dir, tmp_path):
   """Two runs asking at once (the suite's workers, a study's seeds): one builds, the other
   waits for it and reads the cached base; they never share the staging folder."""
-  pcfg = _pcfg(tmp_path)
+  pcfg = _pcfg(tmp_path, echo_steps=0)   # the corpus phase alone
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     results = list(pool.map(lambda _: _ensure(pcfg, tokenizer_dir), range(2)))
   assert sorted(r["cache_hit"] for _, r in results) == [False, True]
@@ -163,7 +148,7 @@ def test_concurrent_runs_on_one_cache_build_the_base_once(tokenizer_dir, tmp_pat
 def test_a_document_the_leak_check_always_refuses_is_never_trained_on(tokenizer_dir,
                                                                       tmp_path):
   tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
-  pcfg = _pcfg(tmp_path, seq_len=256)  # any document fits a row
+  pcfg = _pcfg(tmp_path, seq_len=256, echo_steps=0)  # any document fits a row; corpus only
   data = base.build_corpus(tokenizer, pcfg, 0, _Checker(bad_index=2))
   assert data.document_redraws == {2: -1}
   refused = {base._document_text(5, 2, a) for a in range(base.MAX_REDRAWS)}  # pylint: disable=protected-access
@@ -178,16 +163,19 @@ def test_a_document_the_leak_check_always_refuses_is_never_trained_on(tokenizer_
 
 
 def test_killed_build_resumes_bit_identical(tokenizer_dir, tmp_path, monkeypatch):
-  whole_dir, _ = _ensure(_pcfg(tmp_path / "a"), tokenizer_dir)
-  real_probe = base.probe_copy
-  monkeypatch.setattr(base, "probe_copy", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+  every = lambda d: _pcfg(d, echo_long_steps=2, extend_steps=2)   # finished phases restore
+  whole_dir, _ = _ensure(every(tmp_path / "a"), tokenizer_dir)
+  real_probe = probe_lib.probe_copy
+  monkeypatch.setattr(probe_lib, "probe_copy",
+                      lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
   with pytest.raises(KeyboardInterrupt):
-    _ensure(_pcfg(tmp_path / "b"), tokenizer_dir)
+    _ensure(every(tmp_path / "b"), tokenizer_dir)
   assert list((tmp_path / "b" / "cache").glob("*.build/ckpt_corpus"))
   assert list((tmp_path / "b" / "cache").glob("*.build/ckpt_echo"))
   assert list((tmp_path / "b" / "cache").glob("*.build/ckpt_echo_long"))
-  monkeypatch.setattr(base, "probe_copy", real_probe)
-  resumed_dir, record = _ensure(_pcfg(tmp_path / "b"), tokenizer_dir)
+  assert list((tmp_path / "b" / "cache").glob("*.build/ckpt_extend"))
+  monkeypatch.setattr(probe_lib, "probe_copy", real_probe)
+  resumed_dir, record = _ensure(every(tmp_path / "b"), tokenizer_dir)
   read = lambda d: json.loads((d / "model.safetensors.index.json").read_text()) \
       if (d / "model.safetensors.index.json").is_file() else None
   from safetensors.numpy import load_file
@@ -204,7 +192,8 @@ def test_an_echo_row_shorter_than_the_longest_echo_is_refused_by_name(tokenizer_
   with pytest.raises(ValueError, match="pretrain.echo_seq_len=12 is shorter"):
     base.build_corpus(tokenizer, _pcfg(tmp_path, echo_seq_len=12), 0, _Checker())
   with pytest.raises(ValueError, match="pretrain.echo_long_seq_len=24 is shorter"):
-    base.build_corpus(tokenizer, _pcfg(tmp_path, echo_long_seq_len=24), 0, _Checker())
+    base.build_corpus(tokenizer, _pcfg(tmp_path, echo_long_steps=2, echo_long_seq_len=24), 0,
+                      _Checker())
 
 
 def test_a_tokenizer_without_the_reserved_separators_is_refused_by_name(tmp_path):
@@ -219,7 +208,7 @@ def test_a_run_whose_cells_refuse_the_cached_base_builds_its_own(tokenizer_dir, 
   """Held-out cells are drawn per run, so a cached base can hold a string of another run's
   markers: that run never trains on it and does not crash; it builds a base of its own (the
   document drawn again), cached under a key that names its cells, and reuses it after."""
-  pcfg = _pcfg(tmp_path, seq_len=256)
+  pcfg = _pcfg(tmp_path, seq_len=256, echo_steps=0)   # corpus only: documents are refused
   mesh = sharding.make_mesh(1, 1, 1, devices=jax.local_devices()[:1])
   ensure = lambda checker, cells: base.ensure_base(
       _build, pcfg, HF, tokenizer_dir, checker, mesh=mesh, rules=sharding.DEFAULT_RULES,
@@ -236,52 +225,3 @@ def test_a_run_whose_cells_refuse_the_cached_base_builds_its_own(tokenizer_dir, 
   assert again_dir == own_dir and again["cache_hit"]
   with pytest.raises(ValueError, match="pretraining document 4 .*leak check"):
     ensure(_Checker(bad_index=4), "cells-c")   # its own base refused too: fail closed
-
-
-def test_the_probe_scores_each_target_token_against_the_models_next_token(tokenizer_dir,
-                                                                         tmp_path, monkeypatch):
-  """Teacher-forced probe: a model whose next token is always right scores 1.0 (long repeated
-  lists included, which a fixed 48-token decode budget cut short); one wrong token in a call
-  fails that call and only that one; an argmax shifted by one position scores 0."""
-  from bat_jax.pretrain import corpus
-  tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
-  pcfg = _pcfg(tmp_path, probes=24)
-  docs = corpus.documents(pcfg.seed + base.PROBE_SEED_OFFSET, 0, pcfg.probes)
-  encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
-  assert max(len(encode(corpus.plain_text(d)[1])) for d in docs) > 48   # a long list is probed
-  oracle = lambda model, tokens, lengths: np.roll(tokens, -1, axis=1)     # the true next token
-  monkeypatch.setattr(base, "next_token_argmax", oracle)
-  probe = base.probe_copy(None, tokenizer, pcfg, 0)
-  assert probe["copy_accuracy"] == 1.0 and probe["value_accuracy"] == 1.0
-  assert probe["example"]["predicted"] == probe["example"]["expected"]
-
-  first = encode(corpus.plain_text(docs[0])[0])    # document 0's context, then its call
-
-  def one_wrong(model, tokens, lengths):
-    out = oracle(model, tokens, lengths)
-    out[0, len(first) + 2] = (out[0, len(first) + 2] + 1) % len(tokenizer)   # inside the call
-    return out
-
-  monkeypatch.setattr(base, "next_token_argmax", one_wrong)
-  probe = base.probe_copy(None, tokenizer, pcfg, 0)
-  assert probe["copy_accuracy"] == (pcfg.probes - 1) / pcfg.probes
-  monkeypatch.setattr(base, "next_token_argmax", lambda m, t, l: t)       # off by one
-  assert base.probe_copy(None, tokenizer, pcfg, 0)["copy_accuracy"] == 0.0
-
-
-def test_next_token_argmax_at_each_position_is_the_greedy_next_token_of_its_prefix():
-  """The teacher-forced probe rests on causality: the argmax at position p of one forward pass
-  over the whole row is the token greedy decoding would emit after the prefix up to p (checked
-  against a forward over the prefix alone, on a real model with attention and DeltaNet layers,
-  rows of different lengths padded in one batch)."""
-  model = _build()
-  rng = np.random.default_rng(0)
-  lengths = np.array([20, 9])
-  tokens = rng.integers(3, HF["vocab_size"], size=(2, 20)).astype(np.int32)   # [P, W]
-  argmax = base.next_token_argmax(model, tokens, lengths)
-  assert argmax.shape == tokens.shape
-  for i, length in enumerate(lengths):
-    for p in (length // 2, length - 1):
-      prefix = tokens[i:i + 1, :p + 1]
-      logits = np.asarray(model(jax.numpy.asarray(prefix)))                      # [1, p+1, V]
-      assert argmax[i, p] == logits[0, -1].argmax(), (i, p)
