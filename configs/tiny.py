@@ -8,11 +8,11 @@ tokenizer.
 
 Everything stays on one host, on CPU: the in-process JAX rollout engine, a spawned Stage Bank and
 the built-in evaluator. Sizes aim at 15 minutes on 2 otherwise idle CPU cores with nothing
-cached, the base ~7 min of it (cached after the first run; the SFT rows are built beside it):
-13 min 40 s (run m1; 14 min 34 s for run f2 at GRPO lr 1e-4), as measured in
-experiments/README.md ("GRPO's step"). `smoke` shrinks every phase to
+cached, the base ~7 min of it (cached after the first run; the SFT rows are built beside it).
+Before the base's context extension: 13 min 18 s (run cc, experiments/README.md); with it, not
+yet re-timed on an idle box (22 min 24 s on a box running ~1.5x slow: "Context extension"). `smoke` shrinks every phase to
 a few steps (a 2-layer, 64-wide model from scratch, 200 SFT steps and 4 x 4 rollouts a step so
-its rollouts earn reward and GRPO applies updates), and the end-to-end test runs it with `base` (`smoke,base`: a 4-step tiny-base
+its rollouts earn reward and GRPO applies updates), and the end-to-end test runs it with `base` (`smoke,base`: a 6-step, two-phase tiny-base
 pretraining first). The recipe's *structure* (4/2/2
 pool mix, gate thresholds, argmin curriculum, GRPO loss settings) is the reference's; only the
 scale shrinks, except that the gate's per-track check allows for the noise of 6-cell tracks
@@ -266,7 +266,7 @@ def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
   if arg.base and arg.scratch:
     raise ValueError("config argument: `base` and `scratch` exclude each other")
   # The tiny base is the default; `smoke` stays from scratch (the tests' fast path) unless
-  # `base` asks for its 4-step pretraining too.
+  # `base` asks for its short two-phase pretraining too.
   use_base = arg.base or not (arg.scratch or arg.smoke)
   c = base.base_config()
   c.seed = 0

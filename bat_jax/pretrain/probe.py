@@ -3,7 +3,7 @@ and after `probe_depth` tokens of other documents (where a task's episode makes 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -11,9 +11,6 @@ import numpy as np
 from flax import nnx
 
 from bat_jax.pretrain import corpus
-
-if TYPE_CHECKING:   # base imports this module
-  from bat_jax.pretrain.base import PretrainConfig
 
 PROBE_SEED_OFFSET = 1_000_003   # probes come from another seed's documents: never trained on
 
@@ -67,7 +64,7 @@ def _score_probe(model: nnx.Module, tokenizer: Any, docs: Sequence[corpus.Docume
   return per_kind, hits / max(values, 1), predicted
 
 
-def probe_copy(model: nnx.Module, tokenizer: Any, pcfg: "PretrainConfig",
+def probe_copy(model: nnx.Module, tokenizer: Any, pcfg: Any,
                eot_id: int) -> dict[str, Any]:
   """Copy accuracy on fresh documents (another seed's), teacher-forced: a target call counts as
   copied when, given the context and the call's earlier tokens, the most likely next token is the
@@ -76,7 +73,9 @@ def probe_copy(model: nnx.Module, tokenizer: Any, pcfg: "PretrainConfig",
   fixed token budget that cut long lists short). `value_accuracy`: the share of copied values
   found in the predicted call. `deep_*`: the same documents after `pcfg.probe_depth` tokens of
   other documents: a base trained on 256-token rows copied 0.83 of them alone and none after
-  500 tokens, where a task's episode makes most of its calls (experiments/README.md)."""
+  500 tokens, where a task's episode makes most of its calls (experiments/README.md). `pcfg`:
+  the `pretrain` section (`base.PretrainConfig`, untyped here because base imports this
+  module): its `seed`, `probes` and `probe_depth`."""
   docs = corpus.documents(pcfg.seed + PROBE_SEED_OFFSET, 0, pcfg.probes)
   out: dict[str, Any] = {"probes": len(docs), "probe_depth": pcfg.probe_depth}
   for prefix, depth in (("", 0), ("deep_", pcfg.probe_depth)):
