@@ -257,8 +257,11 @@ def build_corpus(tokenizer: Any, pcfg: PretrainConfig, eot_id: int, checker: Any
       for (i, _), encoded in zip(kept, corpus.encoded_documents(tokenizer, [d for _, d in kept],
                                                           eot_id)):
         counts["documents"] = i + 1
+        # Drawn (and leak-checked) before the document is handed out: a phase's rows can end
+        # right after document i, and a reuse re-checks echo i of every document counted.
+        drawn = echo(i) if i % ECHO_SHARE == 0 else None
         yield encoded
-        if i % ECHO_SHARE == 0 and (drawn := echo(i)) is not None:
+        if drawn is not None:
           yield drawn
 
   echo_rows = {}

@@ -225,3 +225,25 @@ def test_a_run_whose_cells_refuse_the_cached_base_builds_its_own(tokenizer_dir, 
   assert again_dir == own_dir and again["cache_hit"]
   with pytest.raises(ValueError, match="pretraining document 4 .*leak check"):
     ensure(_Checker(bad_index=4), "cells-c")   # its own base refused too: fail closed
+
+
+def test_the_echo_of_the_last_document_counted_is_checked_by_the_build(tokenizer_dir, tmp_path):
+  """A phase's rows can end right after document i, so echo i is never trained on; a reuse still
+  re-checks the echo of every document counted, so the build must draw (and, refused, redraw) it
+  too. Before, a base whose last such echo spelled a path (`/think`) was refused by every run
+  that reused it, and a run's own rebuild by that run's next reuse."""
+  tokenizer = tokenizer_lib.load_tokenizer(tokenizer_dir)
+  eot = tokenizer.convert_tokens_to_ids(tokenizer_lib.ENDOFTEXT)
+  for steps in range(3, 40):   # a corpus whose last row ends before its last document
+    pcfg = _pcfg(tmp_path, echo_steps=0, steps=steps, seq_len=256)   # every document fits
+    data = base.build_corpus(tokenizer, pcfg, eot, _Checker())
+    last = data.documents - 1
+    trained = "".join(tokenizer.decode(ids) for ids, _ in data.rows)
+    if last % base.ECHO_SHARE == 0 and base._document_text(5, last, 0).split("\n")[0] not in trained:  # pylint: disable=protected-access
+      break
+  else:
+    pytest.fail("no corpus length tried ends right before a document with an echo")
+  refused = base._echo_text(tokenizer, 5, last, eot, 0)  # pylint: disable=protected-access
+  data = base.build_corpus(tokenizer, pcfg, eot, _Checker(bad_texts=[refused]))
+  assert data.documents == last + 1 and data.echo_redraws == {last: 1}
+  base.check_corpus(_Checker(bad_texts=[refused]), tokenizer, pcfg, data.record(), eot)
