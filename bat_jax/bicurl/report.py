@@ -164,6 +164,19 @@ def _reach_table(evaluations: list[dict[str, Any]]) -> list[str]:
   return lines
 
 
+def _base_line(base: dict[str, Any]) -> str:
+  """The tiny base's record in one sentence: its probes, phases and build time."""
+  deep = (f", {base['deep_copy_accuracy']:.3f} after {base['probe_depth']} tokens of other "
+          "documents" if "deep_copy_accuracy" in base else "")
+  extend = (f" + {base['extend_steps']} at {base['extend_seq_len']} tokens"
+            if base.get("extend_steps") else "")
+  echo_steps = base.get("echo_steps", 0) + base.get("echo_long_steps", 0)
+  return (f"Tiny base `{base['key']}` ({'cached' if base['cache_hit'] else 'built'}): "
+          f"copy accuracy {base['copy_accuracy']:.3f} on {base['probes']} fresh probes "
+          f"(values {base['value_accuracy']:.3f}){deep}, {echo_steps} echo + {base['steps']} "
+          f"corpus steps{extend}, {base['seconds']:.0f} s to build.")
+
+
 def markdown(report: dict[str, Any]) -> str:
   """Tables: held-out scores per evaluated policy (± standard error over tracks), rounds
   (target, gate, target stage before/after), phase wall times."""
@@ -210,14 +223,7 @@ def markdown(report: dict[str, Any]) -> str:
   lines += [f"| {k} | {v:.1f} |" for k, v in report["phase_seconds"].items()]
   base = report.get("pretrain")
   if base:
-    lines += ["", f"Tiny base `{base['key']}` ({'cached' if base['cache_hit'] else 'built'}): "
-              f"copy accuracy {base['copy_accuracy']:.3f} on {base['probes']} fresh probes "
-              f"(values {base['value_accuracy']:.3f})"
-              + (f", {base['deep_copy_accuracy']:.3f} after {base['probe_depth']} tokens of "
-                 f"other documents" if "deep_copy_accuracy" in base else "") + ", "
-              f"{base.get('echo_steps', 0) + base.get('echo_long_steps', 0)} echo + "
-              f"{base['steps']} corpus steps, "
-              f"{base['seconds']:.0f} s to build."]
+    lines += ["", _base_line(base)]
   lines += ["", f"Cold-start SFT validation NLL per target token: "
             f"{_fmt(report['sft_validation_nll'])}.", f"Promoted policy: `{report['baseline']}`.",
             ""]

@@ -3,6 +3,7 @@ and after `probe_depth` tokens of other documents (where a task's episode makes 
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Sequence
 
 import jax
@@ -29,8 +30,9 @@ def _probe_rows(tokenizer: Any, docs: Sequence[corpus.Document], eot_id: int, de
   least `depth` tokens of other documents (whole ones, each ending in `eot_id`, as packed rows
   are), so the call is copied at the positions a task's long episode reaches."""
   encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
-  fillers = (ids for ids, _ in corpus.encoded_documents(
-      tokenizer, corpus.documents(filler_seed, 0, max(1, depth // 24) * len(docs)), eot_id))
+  fillers = (ids for start in itertools.count(0, 64)    # drawn as needed, 64 at a time
+             for ids, _ in corpus.encoded_documents(
+                 tokenizer, corpus.documents(filler_seed, start, 64), eot_id))
   contexts, targets = [], []
   for doc in docs:
     context, target = corpus.plain_text(doc)

@@ -194,3 +194,16 @@ def test_each_round_and_the_accepted_policy_show_their_paired_change():
   # Without per-cell scores (an external evaluator's report) there is no change to show.
   del state.evaluations["sft"]["cell_overall"]
   assert build_report(state)["rounds"][0]["change"] is None
+
+
+def test_the_base_line_names_the_deep_probe_and_the_extension_only_when_the_record_has_them():
+  from bat_jax.bicurl.report import _base_line  # pylint: disable=protected-access
+  record = {"key": "k", "cache_hit": True, "copy_accuracy": 0.708, "probes": 96,
+            "value_accuracy": 0.93, "echo_steps": 100, "echo_long_steps": 150, "steps": 700,
+            "seconds": 651.0}
+  old = _base_line(record)   # a record from before the deep probe and the extension
+  assert "250 echo + 700 corpus steps, 651 s" in old and "after" not in old
+  new = _base_line({**record, "deep_copy_accuracy": 0.729, "probe_depth": 768,
+                    "extend_steps": 150, "extend_seq_len": 1024})
+  assert "0.729 after 768 tokens of other documents" in new
+  assert "700 corpus steps + 150 at 1024 tokens, 651 s" in new
