@@ -266,7 +266,7 @@ def build_corpus(tokenizer: Any, pcfg: PretrainConfig, eot_id: int, checker: Any
 
   echo_rows = {}
   for phase in ("echo", "echo_long"):
-    steps, batch, seq = (getattr(pcfg, f"{phase}_{f}") for f in ("steps", "batch_size", "seq_len"))
+    steps, batch, seq = phase_shape(pcfg, f"{phase}_")
     longest = 3 + 2 * (ECHO_LENGTHS[phase][1] - 1)   # two separators, <eot>, the list twice
     if steps and seq < longest:  # `_pack` would skip every echo, forever
       raise ValueError(f"pretrain.{phase}_seq_len={seq} is shorter than the longest "
@@ -322,10 +322,15 @@ def load_record(base_dir: Path) -> Optional[dict[str, Any]]:
   return json.loads(path.read_text()) if (base_dir / "model").is_dir() and path.is_file() else None
 
 
-# (name, learning-rate schedule), in training order; a phase's fields are `<name>_steps`, ...
-# (the corpus phase's are `steps`, `batch_size`, `seq_len`) and its rows `Corpus.<name>_rows`.
-PHASES = (("echo", "constant"), ("echo_long", "constant"), ("corpus", "cosine"),
-          ("extend", "cosine"))
+# (name, field prefix, learning-rate field, schedule), in training order: a phase's fields are
+# `<prefix>steps`, `<prefix>batch_size`, `<prefix>seq_len` and its rows `Corpus.<prefix>rows`.
+PHASES = (("echo", "echo_", "lr", "constant"), ("echo_long", "echo_long_", "lr", "constant"),
+          ("corpus", "", "lr", "cosine"), ("extend", "extend_", "extend_lr", "cosine"))
+
+
+def phase_shape(pcfg: PretrainConfig, prefix: str) -> tuple[int, int, int]:
+  """`(steps, batch_size, seq_len)` of the phase whose fields start with `prefix`."""
+  return tuple(getattr(pcfg, f"{prefix}{f}") for f in ("steps", "batch_size", "seq_len"))
 
 
 def _train(model: nnx.Module, build: Any, pcfg: PretrainConfig, data: Corpus, staging: Path,
@@ -337,7 +342,7 @@ def _train(model: nnx.Module, build: Any, pcfg: PretrainConfig, data: Corpus, st
   warms up again to its own, lower rate and decays it."""
   from bat_jax.sft import SftConfig, run_sft      # heavy imports: only when building
   from bat_jax.train.step import OptimizerConfig
-  losses: dict[str, list[float]] = {name: [] for name, _ in PHASES}
+  losses: dict[str, list[float]] = {name: [] for name, *_ in PHASES}
   seconds: dict[str, float] = {}
 
   def phase(name: str, rows, steps: int, shape: tuple[int, int], schedule: str, lr: float,
@@ -360,14 +365,11 @@ def _train(model: nnx.Module, build: Any, pcfg: PretrainConfig, data: Corpus, st
     seconds[f"{name}_seconds"] = round(time.monotonic() - start, 1)
 
   make_params = lambda trainer: trainer.init_params(build)   # the first phase run inits
-  for name, schedule in PHASES:
-    prefix = "" if name == "corpus" else f"{name}_"
-    steps = getattr(pcfg, f"{prefix}steps")
+  for name, prefix, lr_field, schedule in PHASES:
+    steps, batch_size, seq_len = phase_shape(pcfg, prefix)
     if steps:
-      lr = pcfg.extend_lr if name == "extend" else pcfg.lr
-      phase(name, getattr(data, f"{prefix}rows"), steps,
-            (getattr(pcfg, f"{prefix}batch_size"), getattr(pcfg, f"{prefix}seq_len")),
-            schedule, lr, make_params)
+      phase(name, getattr(data, f"{prefix}rows"), steps, (batch_size, seq_len), schedule,
+            getattr(pcfg, lr_field), make_params)
       make_params = None
   return {**{f"{k}_final_loss": v[-1] if v else None for k, v in losses.items()}, **seconds}
 
@@ -434,17 +436,15 @@ def _build_base(build: Any, pcfg: PretrainConfig, tokenizer_dir: Path, tokenizer
   train_s = time.monotonic() - start
   probe = probe_lib.probe_copy(model, tokenizer, pcfg, eot_id)
   export_hf(model, staging / "model", tokenizer_dir=tokenizer_dir)
-  shapes = [[getattr(pcfg, f"{p}{f}") for f in ("steps", "batch_size", "seq_len")]
-            for p in ("echo_", "echo_long_", "", "extend_")]
   record = {"key": key, "generator": corpus.GENERATOR_VERSION, "echo_steps": pcfg.echo_steps,
             "echo_long_steps": pcfg.echo_long_steps, "steps": pcfg.steps,
             "extend_steps": pcfg.extend_steps, "extend_seq_len": pcfg.extend_seq_len, **drawn,
-            "tokens": sum(int(np.prod(shape)) for shape in shapes),
+            "tokens": sum(int(np.prod(phase_shape(pcfg, prefix))) for _, prefix, *_ in PHASES),
             "final_loss": losses["corpus_final_loss"], **losses,
             "train_seconds": round(train_s, 1),
             "seconds": round(time.monotonic() - start, 1), **probe}
   atomic_write_json(staging / RECORD, record)
-  for name, _ in PHASES:
+  for name, *_ in PHASES:
     shutil.rmtree(staging / f"ckpt_{name}", ignore_errors=True)
   # `_one_builder` holds the key's lock, so a folder here is a stale one with no record.
   shutil.rmtree(base_dir, ignore_errors=True)
