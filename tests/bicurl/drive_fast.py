@@ -12,4 +12,5 @@ from tests.bicurl.fast_config import fast_config  # noqa: E402
 if __name__ == "__main__":
   logging.basicConfig(level=logging.WARNING)
   logging.getLogger("bat_jax").setLevel(logging.INFO)
-  bicurl.run(fast_config(), sys.argv[1])
+  # A save every SFT step: the resume tests' mid-SFT kill point is the first one (ckpt/sft/1).
+  bicurl.run(fast_config(sft__checkpoint__every=1), sys.argv[1])

@@ -27,6 +27,7 @@ if __name__ == "__main__":
       "coordinator_address": f"127.0.0.1:{port}", "num_processes": num_processes,
       "process_id": process_id}))
   from bat_jax import bicurl  # noqa: E402  (after jax.distributed)
+  # A save every SFT step: the test's mid-SFT kill point is the first one (ckpt/sft/1).
   cfg = fast_config(mesh__data=-1, grpo__rounds=1, distributed__enabled=True,
-                    distributed__num_processes=num_processes)
+                    distributed__num_processes=num_processes, sft__checkpoint__every=1)
   bicurl.run(cfg, workdir)
