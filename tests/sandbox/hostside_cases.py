@@ -60,6 +60,8 @@ def _after(sb: Sandbox) -> dict:
   nxt = sb.execute("bash", "cat data/input.txt")
   stage = sb._stage  # pylint: disable=protected-access
   out = {"in_place": sb.workspace.is_dir(), "next_exit": nxt.exit_code, "next_out": nxt.stdout,
+         # which limit stopped a next call that failed (a failure's message names it)
+         "next_limit": nxt.limit_hit, "next_observation": nxt.observation[-300:],
          "stage_empty": stage is None or not os.listdir(stage)}
   sb.close()
   folder = sb.workspace.parent

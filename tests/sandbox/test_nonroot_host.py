@@ -47,7 +47,9 @@ def _run(harness: str, case: str, base: Path) -> dict:
 
 def _cleaned(after: dict) -> None:
   assert after["in_place"] and after["stage_empty"] and after["removed"], after
-  assert after["next_exit"] == 0 and after["next_out"] == "42\n", after
+  assert after["next_exit"] == 0 and after["next_out"] == "42\n", \
+      f"next call: exit {after['next_exit']}, limit {after['next_limit']}: " \
+      f"{after['next_observation']!r}"
 
 
 @pytest.mark.parametrize("harness", HARNESSES)
