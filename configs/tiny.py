@@ -10,11 +10,12 @@ Everything stays on one host, on CPU: the in-process JAX rollout engine, a spawn
 the built-in evaluator. Sizes aim at 15 minutes on 2 otherwise idle CPU cores with nothing
 cached, the base ~7 min of it (cached after the first run; the SFT rows are built beside it).
 Before the base's context extension: 13 min 18 s (run cc, experiments/README.md); with it, 22 min
-24 s (a box running ~1.5x slow) and 24 min 50 s (another box, base 665 s): over the 15 minutes.
-The base is a draw of the box's floating point (experiments/README.md, "The same default,
-another box"). `smoke` shrinks every phase to
-a few steps (a 2-layer, 64-wide model from scratch, 200 SFT steps, 4 x 4 rollouts a step and a
-failed-call penalty, so GRPO applies updates on any box), and the end-to-end test runs it with `base` (`smoke,base`: a 6-step, two-phase tiny-base
+24 s (a box running ~1.5x slow), 24 min 50 s and 27 min 28 s (two slow boxes, base 665 and 761
+s): over the 15 minutes. Those two boxes built the same base to every reported digit; a fresh
+run's figures still vary with its own held-out cells (experiments/README.md, "A third box").
+`smoke` shrinks every phase to a few steps (a 2-layer, 64-wide model from scratch, 200 SFT
+steps, 4 x 4 rollouts a step and a failed-call penalty, so GRPO applies updates on any box), and
+the end-to-end test runs it with `base` (`smoke,base`: a 6-step, two-phase tiny-base
 pretraining first). The recipe's *structure* (4/2/2
 pool mix, gate thresholds, argmin curriculum, GRPO loss settings) is the reference's; only the
 scale shrinks, except that the gate's per-track check allows for the noise of 6-cell tracks
@@ -255,9 +256,10 @@ def _tiny_base(c: ml_collections.ConfigDict) -> None:
   (bat_jax.pretrain, cached by its config hash), the analogue of a pretrained checkpoint.
   Its probe copy accuracy (exact, teacher-forced, which greedy decoding matches) after 100 +
   150 echo + 700 corpus + 150 extension steps of `corpus-v7` was 0.71 alone and 0.73 after 768
-  tokens on one box, 0.43 and 0.22 on another (the same config and seed; 651-665 s, cached);
-  the held-out overall after 128 SFT steps on them: 0.660 and 0.529 (experiments/README.md,
-  "Context extension" and "The same default, another box")."""
+  tokens in one run, 0.43 and 0.22 in two others on two other boxes (the same config and seed;
+  their leak-check redraws follow each run's cells; 651-761 s, cached); the held-out overall
+  after 128 SFT steps: 0.660, and 0.529 / 0.449 (one SFT policy, two runs' cells;
+  experiments/README.md, "Context extension" and "A third box")."""
   c.model.source = "tiny_base"
   c.model.hf_config.layer_types = BASE_LAYER_TYPES
   # Every head dim rotary (32, 16 frequencies; the real Qwen3.5's 0.25 of 256 is 64): on pure
