@@ -171,10 +171,13 @@ def _base_line(base: dict[str, Any]) -> str:
   extend = (f" + {base['extend_steps']} at {base['extend_seq_len']} tokens"
             if base.get("extend_steps") else "")
   echo_steps = base.get("echo_steps", 0) + base.get("echo_long_steps", 0)
+  host = base.get("host")   # bases cached before the record named its builder have none
+  built_on = (f" on {host['cpu'] or host['machine']} ({', '.join(host['isa']) or 'no ISA flags'}"
+              f"; jaxlib {host['jaxlib']})" if host else "")
   return (f"Tiny base `{base['key']}` ({'cached' if base['cache_hit'] else 'built'}): "
           f"copy accuracy {base['copy_accuracy']:.3f} on {base['probes']} fresh probes "
           f"(values {base['value_accuracy']:.3f}){deep}, {echo_steps} echo + {base['steps']} "
-          f"corpus steps{extend}, {base['seconds']:.0f} s to build.")
+          f"corpus steps{extend}, {base['seconds']:.0f} s to build{built_on}.")
 
 
 def markdown(report: dict[str, Any]) -> str:

@@ -45,6 +45,7 @@ from flax import nnx
 from bat_jax.io_utils import atomic_write_json
 from bat_jax.model import tokenizer as tokenizer_lib
 from bat_jax.pretrain import corpus
+from bat_jax.pretrain.host import host_record
 from bat_jax.pretrain import probe as probe_lib
 
 log = logging.getLogger(__name__)
@@ -442,7 +443,7 @@ def _build_base(build: Any, pcfg: PretrainConfig, tokenizer_dir: Path, tokenizer
             "tokens": sum(int(np.prod(phase_shape(pcfg, prefix))) for _, prefix, *_ in PHASES),
             "final_loss": losses["corpus_final_loss"], **losses,
             "train_seconds": round(train_s, 1),
-            "seconds": round(time.monotonic() - start, 1), **probe}
+            "seconds": round(time.monotonic() - start, 1), **probe, "host": host_record()}
   atomic_write_json(staging / RECORD, record)
   for name, *_ in PHASES:
     shutil.rmtree(staging / f"ckpt_{name}", ignore_errors=True)

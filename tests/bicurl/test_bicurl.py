@@ -203,7 +203,9 @@ def test_end_to_end_run_writes_every_artifact(finished_run):
   assert 0.0 <= base["copy_accuracy"] <= 1.0 and base["seconds"] > 0
   assert 0.0 <= base["deep_copy_accuracy"] <= 1.0
   assert base["probe_depth"] == cfg.pretrain.probe_depth > 0
-  assert f"after {cfg.pretrain.probe_depth} tokens" in (paths.workdir / "report.md").read_text()
+  report_md = (paths.workdir / "report.md").read_text()
+  assert f"after {cfg.pretrain.probe_depth} tokens" in report_md
+  assert f"jaxlib {base['host']['jaxlib']})" in report_md   # the machine that built the base
   # One run secret keys the held-out cells: every evaluation saw the same cells (the gate's
   # pairing), and the secret lives host-side only, readable by the run alone.
   assert os.stat(paths.eval_secret).st_mode & 0o777 == 0o600

@@ -207,3 +207,8 @@ def test_the_base_line_names_the_deep_probe_and_the_extension_only_when_the_reco
                     "extend_steps": 150, "extend_seq_len": 1024})
   assert "0.729 after 768 tokens of other documents" in new
   assert "700 corpus steps + 150 at 1024 tokens, 651 s" in new
+  assert new.endswith("651 s to build.")   # a record from before the builder was recorded
+  host = {"machine": "x86_64", "cpu": "AMD EPYC", "isa": ["avx2", "fma"], "cores": 2,
+          "jax": "0.8.1", "jaxlib": "0.8.1", "xla_flags": ""}
+  named = _base_line({**record, "host": host})
+  assert named.endswith("651 s to build on AMD EPYC (avx2, fma; jaxlib 0.8.1).")

@@ -14,6 +14,7 @@ from bat_jax import sharding
 from bat_jax.model import tokenizer as tokenizer_lib
 from bat_jax.pretrain import base
 from bat_jax.pretrain import probe as probe_lib
+from bat_jax.pretrain.host import host_record
 from base_helpers import HF, build as _build, pcfg as _pcfg
 
 class _Checker:
@@ -119,6 +120,7 @@ def test_build_then_cache_hit_and_key_follows_the_config(tokenizer_dir, tmp_path
   assert 0.0 <= record["copy_accuracy"] <= 1.0 and record["probes"] == 4
   assert (model_dir / "config.json").is_file() and (model_dir / "tokenizer.json").is_file()
   assert not (model_dir.parent.with_name(model_dir.parent.name + ".build")).exists()
+  assert record["host"] == host_record()   # who built it, in the record and not in the key
   checker = _Checker()
   again_dir, again = _ensure(pcfg, tokenizer_dir, checker)
   assert again_dir == model_dir and again["cache_hit"]
