@@ -106,9 +106,9 @@ SMOKE_OVERRIDES = {
     "sft.max_seq_len": 1024,
     "sft.bucket_lengths": (512,),   # two step shapes, not three: each compile is ~11 s here
     "sft.max_validation_examples": 1,
-    # Two saves, not 200: an orbax save per step was ~40% of the smoke SFT's time (137 -> 83 s
-    # at 50, the same losses). The SIGKILL-resume drivers (tests/bicurl/drive_*.py) save every
-    # step, so their kill points land early.
+    # Two saves, not 200: an orbax save per step was ~40% of the smoke SFT's time (a save every
+    # 50 steps: 137 -> 83 s, the same losses). The SIGKILL-resume drivers
+    # (tests/bicurl/drive_*.py) save every step, so their kill points land early.
     "sft.checkpoint.every": 100,
     "grpo.rounds": 2,
     "grpo.steps_per_round": 2,
@@ -256,8 +256,8 @@ def _tiny_base(c: ml_collections.ConfigDict) -> None:
   (bat_jax.pretrain, cached by its config hash), the analogue of a pretrained checkpoint.
   Its probe copy accuracy (exact, teacher-forced, which greedy decoding matches) after 100 +
   150 echo + 700 corpus + 150 extension steps of `corpus-v7` was 0.71 alone and 0.73 after 768
-  tokens in one run, 0.43 and 0.22 in two others on two other boxes (the same config and seed;
-  their leak-check redraws follow each run's cells; 651-761 s, cached); the held-out overall
+  tokens in one run, 0.43 and 0.22 in two others on two other boxes (the same config, seed and
+  rows; 651-761 s, cached); the held-out overall
   after 128 SFT steps: 0.660, and 0.529 / 0.449 (one SFT policy, two runs' cells;
   experiments/README.md, "Context extension" and "A third box")."""
   c.model.source = "tiny_base"
