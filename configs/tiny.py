@@ -116,10 +116,10 @@ SMOKE_OVERRIDES = {
     # steps applied no update in some runs (each turn's sampling seed decides which).
     "grpo.prompt_groups": 4,
     "grpo.group_size": 4,
-    # ... and still, on some boxes the SFT policy earned 0 in all 64 rollouts (the test's run
-    # on 8 fake devices, 2026-12-07; launch.py on the same box: 0.1-0.35 a step): a penalty per
-    # failed call or malformed turn breaks the ties by how cleanly a sample acted, so the
-    # update path runs whatever the box's floating point draws. Off in every real config.
+    # ... and still, one run's SFT policy earned 0 in all 64 rollouts (the test's run on 8 fake
+    # devices, 2026-12-07; launch.py on the same box, one device: 0.1-0.35 a step): a penalty
+    # per failed call or malformed turn breaks the ties by how cleanly a sample acted, so the
+    # update path runs whatever policy a run draws. Off in every real config.
     "grpo.failed_call_penalty": 0.1,
     "grpo.checkpoint.every": 1,
     "rollout.limits.max_turn_tokens": 64,   # a plan call with its thought (~55 tokens)

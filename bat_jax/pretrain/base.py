@@ -45,8 +45,8 @@ from flax import nnx
 from bat_jax.io_utils import atomic_write_json
 from bat_jax.model import tokenizer as tokenizer_lib
 from bat_jax.pretrain import corpus
-from bat_jax.pretrain.host import host_record
 from bat_jax.pretrain import probe as probe_lib
+from bat_jax.pretrain.host import host_record
 
 log = logging.getLogger(__name__)
 
