@@ -76,16 +76,24 @@ def _host_devs() -> set[int]:
 
 
 def _scratch_bytes(pid1: int) -> int:
-  """Used bytes of the sandbox's own /tmp and /dev/shm (nothing while bwrap still sets up)."""
+  """Used bytes of the sandbox's own /tmp and /dev/shm (nothing while bwrap still sets up).
+
+  Each mount is opened once and both checks read that fd: two path walks can straddle bwrap's
+  pivot_root, so a stat could see its setup tmpfs on /tmp and a statvfs the host's disk below."""
   total, host = 0, _host_devs()
   for mount in _SCRATCH_MOUNTS:
-    path = f"/proc/{pid1}/root/{mount}"
     try:
-      if os.stat(path).st_dev in host:
-        continue  # not yet pivoted: that is the host's folder
-      st = os.statvfs(path)
+      fd = os.open(f"/proc/{pid1}/root/{mount}", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
       continue
+    try:
+      if os.fstat(fd).st_dev in host:
+        continue  # not yet pivoted: that is the host's folder
+      st = os.statvfs(fd)
+    except OSError:
+      continue
+    finally:
+      os.close(fd)
     total += (st.f_blocks - st.f_bfree) * st.f_frsize
   return total
 
