@@ -29,13 +29,15 @@ def paired_differences(before: Sequence[float], after: Sequence[float],
 
 
 def paired_change(before: Optional[Mapping[str, Sequence[float]]],
-                  after: Optional[Mapping[str, Sequence[float]]]) -> Optional[dict[str, Any]]:
+                  after: Optional[Mapping[str, Sequence[float]]],
+                  what: str = "cell_overall") -> Optional[dict[str, Any]]:
   """Mean per-cell change `after - before` with its paired standard error, over every track
-  both evaluations list per cell (`{track: cell_overall}`); None without per-cell scores."""
+  both evaluations list per cell (`{track: per-cell scores}`, `what` names them in errors);
+  None without per-cell scores."""
   if not before or not after or set(before) != set(after):
     return None
   diffs = [d for track in sorted(before)
-           for d in paired_differences(before[track], after[track], f"cell_overall.{track}")]
+           for d in paired_differences(before[track], after[track], f"{what}.{track}")]
   if not diffs:
     return None
   return {"mean": math.fsum(diffs) / len(diffs), "se": standard_error(diffs),

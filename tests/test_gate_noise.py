@@ -50,6 +50,45 @@ def test_cell_overall_is_in_one_order_whatever_the_finishing_order():
     assert sum(got) / len(got) == pytest.approx(a["track_scores"][track]["overall"])
 
 
+def test_cell_stage_scores_follow_cell_overall_and_average_to_the_stage_scores():
+  """Per stage, one score per cell in `cell_overall`'s order (an invalid cell 0): a cell's
+  stage list entries and its overall sit at one index, and each track's lists average to its
+  stage scores."""
+  stages = lambda i: {s: round(0.1 * ((i + k) % 11), 1) for k, s in enumerate(workflow.STAGES)}
+  records = []
+  for i, c in enumerate(CELLS):
+    r = dict(_record(c, 0.01 * (i + 1)), stage_scores=stages(i))
+    if i == 5:
+      r.update(valid=False, invalid_reason="crash")
+    records.append(r)
+  a = aggregation.aggregate(records, tier="lite", **DIGESTS)
+  b = aggregation.aggregate(records[::-1], tier="lite", **DIGESTS)
+  check_report(a)
+  by_overall = {0.01 * (i + 1): stages(i) for i in range(len(CELLS)) if i != 5}
+  for track in workflow.TRACKS:
+    t = a["track_scores"][track]
+    assert t["cell_stage_scores"] == b["track_scores"][track]["cell_stage_scores"]
+    for k, overall in enumerate(t["cell_overall"]):
+      want = by_overall.get(overall, {s: 0.0 for s in workflow.STAGES})   # the invalid cell
+      assert {s: t["cell_stage_scores"][s][k] for s in workflow.STAGES} == want
+    for s in workflow.STAGES:
+      assert sum(t["cell_stage_scores"][s]) / t["cells"] == pytest.approx(t["stage_scores"][s])
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda c: c.update(S6=[0.5] * 6), r"cell_stage_scores\.S6: is not an allowed field"),
+    (lambda c: c.pop("S4"), r"cell_stage_scores.* missing"),
+    (lambda c: c.update(S2=[0.5] * 5), r"cell_stage_scores\.S2: must list one score per cell "
+                                       r"\(6\), got 5"),
+    (lambda c: c.update(S3=["0.5"] * 6), r"cell_stage_scores\.S3\[0\]: must be a score"),
+])
+def test_firewall_admits_only_per_cell_scores_of_every_stage(edit, match):
+  rep = _report({})
+  edit(rep["track_scores"]["vqa"]["cell_stage_scores"])
+  with pytest.raises(FirewallError, match=match):
+    check_report(rep)
+
+
 def test_one_cell_falling_is_noise_a_whole_track_falling_is_not():
   base = _report({})
   one_cell = _report({_vqa(0): 0.0})                          # vqa -0.10: one cell of six

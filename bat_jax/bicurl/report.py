@@ -53,13 +53,15 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
   """The evaluation numbers the report shows (aggregate scores only).
 
   `standard_errors` are over the per-track means of the aggregate report, i.e. the track is
-  the unit of replication; `cell_overall` (per track, when the evaluator exports it) keeps the
-  per-cell overall scores for the paired round changes (`build_report`).
+  the unit of replication; `cell_overall` and `cell_stage_scores` (per track, when the
+  evaluator exports them) keep the per-cell scores for the paired round changes
+  (`build_report`).
   """
   tracks = [t for t in report.get("track_scores", {}).values() if t["overall"] is not None]
-  cells = {t: v["cell_overall"] for t, v in report.get("track_scores", {}).items()
-           if isinstance(v, dict) and "cell_overall" in v}
-  return {"stage_reach": stage_reach(report), "cell_overall": cells or None,
+  per_cell = lambda key: {t: v[key] for t, v in report.get("track_scores", {}).items()
+                          if isinstance(v, dict) and key in v} or None
+  return {"stage_reach": stage_reach(report), "cell_overall": per_cell("cell_overall"),
+          "cell_stage_scores": per_cell("cell_stage_scores"),
           "overall": report["overall"], "task": report["task_score"],
           "agentic": report["agentic"], "stage_scores": dict(report["stage_scores"]),
           "failure_categories": dict(report.get("failure_categories", {})),
@@ -89,7 +91,9 @@ def build_report(state: OuterState) -> dict[str, Any]:
                     "reward_mean": _mean([s["reward_mean"] for s in r.steps]),
                     "kl_mean": _mean([s["kl"] for s in r.steps if "kl" in s]),
                     "reward_by_pool": _pool_rewards(r.steps),
-                    "change": _change(state, r.start_policy, r.candidate)}
+                    "change": _change(state, r.start_policy, r.candidate),
+                    "stage_changes": {s: _change(state, r.start_policy, r.candidate, s)
+                                      for s in workflow.STAGES}}
                  for r in state.rounds],
       "accepted_vs_sft": _change(state, "sft", state.baseline),
       "steps": [{"round": r.round, **s} for r in state.rounds for s in r.steps],
@@ -99,10 +103,18 @@ def build_report(state: OuterState) -> dict[str, Any]:
   }
 
 
-def _change(state: OuterState, before: str, after: str) -> Optional[dict[str, Any]]:
-  """Held-out overall of `after` minus `before`, per cell, with its paired standard error."""
-  cells = [state.evaluations.get(n, {}).get("cell_overall") for n in (before, after)]
-  return paired_change(*cells)
+def _change(state: OuterState, before: str, after: str,
+            stage: Optional[str] = None) -> Optional[dict[str, Any]]:
+  """Held-out overall (or `stage`'s score) of `after` minus `before`, per cell, with its paired
+  standard error; None where an evaluation lacks per-cell scores (an older evaluator's)."""
+  def cells(policy: str) -> Optional[dict[str, list[float]]]:
+    e = state.evaluations.get(policy, {})
+    if stage is None:
+      return e.get("cell_overall")
+    per_track = e.get("cell_stage_scores")
+    return None if per_track is None else {t: v[stage] for t, v in per_track.items()}
+  what = "cell_overall" if stage is None else f"cell_stage_scores.{stage}"
+  return paired_change(cells(before), cells(after), what)
 
 
 def _target_scores(state: OuterState, r: Any) -> dict[str, Any]:
@@ -111,7 +123,8 @@ def _target_scores(state: OuterState, r: Any) -> dict[str, Any]:
     e = state.evaluations.get(policy)
     return None if e is None or r.target not in e["stage_scores"] else e["stage_scores"][r.target]
   return {"round": r.round, "target": r.target, "start_policy": r.start_policy,
-          "before": score(r.start_policy), "after": score(r.candidate)}
+          "before": score(r.start_policy), "after": score(r.candidate),
+          "change": _change(state, r.start_policy, r.candidate, r.target)}
 
 
 def _pool_rewards(steps: list[dict]) -> dict[str, dict[str, Optional[float]]]:
@@ -164,6 +177,30 @@ def _reach_table(evaluations: list[dict[str, Any]]) -> list[str]:
   return lines
 
 
+def _target_table(report: dict[str, Any]) -> list[str]:
+  lines = ["", "## Target stage before / after its round", "",
+           "Change: after minus before, mean over the cells ± paired standard error (a stage "
+           "score moves by 1/n of one cell's change).", "",
+           "| round | target | before | after | change |", "|---:|---|---:|---:|---:|"]
+  return lines + [f"| {t['round']} | {t['target']} | {_fmt(t['before'])} | {_fmt(t['after'])} | "
+                  f"{_change_text(t.get('change'))} |"
+                  for t in report.get("target_before_after", [])]
+
+
+def _stage_change_table(report: dict[str, Any]) -> list[str]:
+  """Every stage's change over each round (candidate minus start policy, paired per cell): a
+  hold for a stage drop can be read against its noise."""
+  rounds = [r for r in report["rounds"] if any((r.get("stage_changes") or {}).values())]
+  if not rounds:
+    return []
+  lines = ["", "Every stage's change over each round (candidate minus start, ± paired SE):", "",
+           "| round | " + " | ".join(workflow.STAGES) + " |",
+           "|---:|" + "---:|" * len(workflow.STAGES)]
+  return lines + [f"| {r['round']} | " + " | ".join(_change_text(r["stage_changes"].get(s))
+                                                    for s in workflow.STAGES) + " |"
+                  for r in rounds]
+
+
 def _base_line(base: dict[str, Any]) -> str:
   """The tiny base's record in one sentence: its probes, phases and build time."""
   deep = (f", {base['deep_copy_accuracy']:.3f} after {base['probe_depth']} tokens of other "
@@ -194,10 +231,7 @@ def markdown(report: dict[str, Any]) -> str:
                  + " | ".join(_pm(e["stage_scores"][s], se["stage_scores"].get(s))
                               for s in workflow.STAGES) + " |")
   lines += _reach_table(report["evaluations"])
-  lines += ["", "## Target stage before / after its round", "",
-            "| round | target | before | after |", "|---:|---|---:|---:|"]
-  lines += [f"| {t['round']} | {t['target']} | {_fmt(t['before'])} | {_fmt(t['after'])} |"
-            for t in report.get("target_before_after", [])]
+  lines += _target_table(report) + _stage_change_table(report)
   lines += ["", f"GRPO steps that applied an update: {report.get('grpo_steps_applied', 0)} of "
             f"{report.get('grpo_steps_total', 0)} (the others had tied rewards in every group: "
             "`no_signal`)."]

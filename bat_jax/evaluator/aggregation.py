@@ -56,6 +56,14 @@ def cell_overall(records: Sequence[Mapping[str, Any]]) -> list[float]:
   return [float(r["overall"]) if r["valid"] else 0.0 for r in ordered]
 
 
+def cell_stage_scores(records: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
+  """Per stage, the per-cell scores (an invalid cell 0) in `cell_overall`'s order: a round's
+  stage changes get a paired standard error (a stage score moves by 1/n of a cell's change)."""
+  ordered = sorted(records, key=_cell_order)
+  return {s: [float(r["stage_scores"][s]) if r["valid"] else 0.0 for r in ordered]
+          for s in workflow.STAGES}
+
+
 def failure_categories(record: Mapping[str, Any]) -> list[str]:
   """The failure categories one cell record falls under (firewall.FAILURE_CATEGORIES)."""
   if not record["valid"]:
@@ -84,7 +92,8 @@ def aggregate(records: Sequence[Mapping[str, Any]], *, tier: str, protocol_diges
       continue
     scores = _scores(mine)
     tracks[track] = {**scores, "cells": len(mine), "valid": sum(r["valid"] for r in mine),
-                     "cell_overall": cell_overall(mine)}
+                     "cell_overall": cell_overall(mine),
+                     "cell_stage_scores": cell_stage_scores(mine)}
   categories = collections.Counter(c for r in records for c in failure_categories(r))
   report = {
       "schema": REPORT_SCHEMA, "tier": tier,

@@ -110,19 +110,26 @@ def _map(keys: tuple[str, ...], sub: Rule) -> Rule:
 
 
 _STAGE_SCORES = _fields({s: _score for s in workflow.STAGES})
-# `cell_overall` (optional): the track's per-cell overall scores, for the gate's paired noise
-# estimate. Scores only, in an order keyed by a digest of each cell (`aggregation`), the same in
-# every report of one cell set; the order says nothing of a cell (not even its outcome bucket).
+# `cell_overall` and `cell_stage_scores` (optional): the track's per-cell overall and per-stage
+# scores, for the paired noise of a round's changes (the gate's, the run report's). Scores only,
+# in an order keyed by a digest of each cell (`aggregation`), the same in every report of one
+# cell set; the order says nothing of a cell (not even its outcome bucket).
 _TRACK_FIELDS = _fields({"overall": _score, "task": _score, "agentic": _score,
                          "stage_scores": _STAGE_SCORES, "cells": _count, "valid": _count},
-                        optional={"cell_overall": _score_list})
+                        optional={"cell_overall": _score_list,
+                                  "cell_stage_scores": _fields({s: _score_list
+                                                                for s in workflow.STAGES})})
 
 
 def _TRACK(value: Any, path: str) -> None:  # noqa: N802  (a rule, named like the others)
   _TRACK_FIELDS(value, path)
-  if "cell_overall" in value and len(value["cell_overall"]) != value["cells"]:
-    _fail(f"{path}.cell_overall", f"must list one score per cell ({value['cells']}), got "
-          f"{len(value['cell_overall'])}")
+  lists = {"cell_overall": value.get("cell_overall"),
+           **{f"cell_stage_scores.{s}": scores
+              for s, scores in value.get("cell_stage_scores", {}).items()}}
+  for name, scores in lists.items():
+    if scores is not None and len(scores) != value["cells"]:
+      _fail(f"{path}.{name}", f"must list one score per cell ({value['cells']}), got "
+            f"{len(scores)}")
 
 
 REPORT_RULE: Rule = _fields({

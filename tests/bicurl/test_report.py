@@ -196,6 +196,48 @@ def test_each_round_and_the_accepted_policy_show_their_paired_change():
   assert build_report(state)["rounds"][0]["change"] is None
 
 
+def test_each_round_shows_every_stage_change_with_its_paired_error():
+  """A round's per-stage changes (and its target's) are means of per-cell changes with the
+  paired SE: one cell of six losing S3 is -1/6 ± 1/6, not a bare -0.167 to hold a round on."""
+  def cell(track, seed, stages):
+    return {"cell": {"track": track, "seed": seed}, "valid": True, "invalid_reason": None,
+            "stage_scores": stages, "task_score": 0.5, "agentic": 0.5, "overall": 0.5,
+            "finish_reason": "agent_stop", "malformed_turns": 0, "submitted": True,
+            "stage_evidence": {s: True for s in workflow.STAGES}}
+  cells = [(t, seed) for t in workflow.TRACKS[:2] for seed in range(3)]
+  same = {s: 1.0 for s in workflow.STAGES}
+  before = [cell(t, s, same) for t, s in cells]
+  after = [cell(t, s, dict(same, S3=0.0) if (t, s) == cells[1] else
+                dict(same, S4=0.5) if (t, s) in cells[3:5] else same) for t, s in cells]
+  state = OuterState(sft_done=True, baseline="sft")
+  for name, records in (("sft", before), ("round_000000", after[::-1])):
+    state.evaluations[name] = headline(aggregation.aggregate(
+        records, tier="lite", protocol_digest="a" * 64, cell_set_digest="b" * 64))
+  state.rounds.append(RoundRecord(
+      round=0, target="S3", weights={"pool_mix": {p: 1 / 3 for p in workflow.POOLS},
+                                     "stage_weights": {s: float(s == "S3")
+                                                       for s in workflow.STAGES}},
+      start_policy="sft", candidate="round_000000",
+      gate={"passed": False, "reasons": ["stage_drop/S3: 0.1667 > 0.03"], "checks": {}},
+      promoted=False, healthy=True, steps=[{"reward_mean": 0.2, "no_signal": 0.0}]))
+  report = build_report(state)
+  changes = report["rounds"][0]["stage_changes"]
+  se3, se4 = standard_error([-1.0, 0, 0, 0, 0, 0]), standard_error([-0.5, -0.5, 0, 0, 0, 0])
+  assert changes["S3"] == pytest.approx({"mean": -1 / 6, "se": se3, "cells": 6})
+  assert changes["S4"] == pytest.approx({"mean": -1 / 6, "se": se4, "cells": 6})
+  assert changes["S1"] == {"mean": 0.0, "se": 0.0, "cells": 6}
+  assert report["target_before_after"][0]["change"] == changes["S3"]
+  md = markdown(report)
+  assert f"| 0 | S3 | 1.000 | 0.833 | -0.167 ± {se3:.3f} |" in md
+  assert (f"| 0 | +0.000 ± 0.000 | +0.000 ± 0.000 | -0.167 ± {se3:.3f} | -0.167 ± {se4:.3f} | "
+          "+0.000 ± 0.000 |") in md
+  # An evaluation without per-cell stage scores (an older evaluator's): no change, no table.
+  del state.evaluations["sft"]["cell_stage_scores"]
+  older = build_report(state)
+  assert older["target_before_after"][0]["change"] is None
+  assert "Every stage's change" not in markdown(older)
+
+
 def test_the_base_line_names_the_deep_probe_and_the_extension_only_when_the_record_has_them():
   from bat_jax.bicurl.report import _base_line  # pylint: disable=protected-access
   record = {"key": "k", "cache_hit": True, "copy_accuracy": 0.708, "probes": 96,
