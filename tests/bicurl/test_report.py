@@ -3,6 +3,7 @@
 import itertools
 import json
 import math
+from typing import Optional
 
 import pytest
 
@@ -159,19 +160,22 @@ def test_stage_reach_splits_each_stage_into_reach_and_its_mean_where_reached():
       sft_done=True, baseline="sft", evaluations={"sft": headline(broken)})))
 
 
-def test_each_round_and_the_accepted_policy_show_their_paired_change():
-  """From aggregates of real cell records: the change is the mean of the per-cell changes, and
-  its standard error is that of the paired differences (one cell moved, the others did not)."""
-  def cell(track, seed, overall):
-    return {"cell": {"track": track, "seed": seed}, "valid": True, "invalid_reason": None,
-            "stage_scores": {s: overall for s in workflow.STAGES}, "task_score": overall,
-            "agentic": overall, "overall": overall, "finish_reason": "agent_stop",
-            "malformed_turns": 0, "submitted": True,
-            "stage_evidence": {s: True for s in workflow.STAGES}}
-  cells = [(t, seed) for t in workflow.TRACKS[:2] for seed in range(3)]
-  before = [cell(t, s, 0.5) for t, s in cells]
-  after = [cell(t, s, 0.8 if (t, s) == cells[4] else 0.5) for t, s in cells]
-  state = OuterState(sft_done=True, baseline="round_000000")
+_CELLS = [(t, seed) for t in workflow.TRACKS[:2] for seed in range(3)]
+
+
+def _cell(track: str, seed: int, overall: float, stages: Optional[dict] = None) -> dict:
+  """A valid end-to-end cell record (its stages score `overall` unless given)."""
+  return {"cell": {"track": track, "seed": seed}, "valid": True, "invalid_reason": None,
+          "stage_scores": stages or {s: overall for s in workflow.STAGES},
+          "task_score": overall, "agentic": overall, "overall": overall,
+          "finish_reason": "agent_stop", "malformed_turns": 0, "submitted": True,
+          "stage_evidence": {s: True for s in workflow.STAGES}}
+
+
+def _one_round(before: list[dict], after: list[dict], passed: bool) -> OuterState:
+  """SFT, then one S3 round, evaluated from aggregates of real cell records (the candidate's
+  cells finishing in another order)."""
+  state = OuterState(sft_done=True, baseline="round_000000" if passed else "sft")
   for name, records in (("sft", before), ("round_000000", after[::-1])):
     state.evaluations[name] = headline(aggregation.aggregate(
         records, tier="lite", protocol_digest="a" * 64, cell_set_digest="b" * 64))
@@ -180,8 +184,18 @@ def test_each_round_and_the_accepted_policy_show_their_paired_change():
                                      "stage_weights": {s: float(s == "S3")
                                                        for s in workflow.STAGES}},
       start_policy="sft", candidate="round_000000",
-      gate={"passed": True, "reasons": [], "checks": {}}, promoted=True, healthy=True,
-      steps=[{"reward_mean": 0.2, "no_signal": 0.0}]))
+      gate={"passed": passed, "reasons": [] if passed else ["stage_drop/S3: 0.1667 > 0.03"],
+            "checks": {}},
+      promoted=passed, healthy=True, steps=[{"reward_mean": 0.2, "no_signal": 0.0}]))
+  return state
+
+
+def test_each_round_and_the_accepted_policy_show_their_paired_change():
+  """From aggregates of real cell records: the change is the mean of the per-cell changes, and
+  its standard error is that of the paired differences (one cell moved, the others did not)."""
+  before = [_cell(t, s, 0.5) for t, s in _CELLS]
+  after = [_cell(t, s, 0.8 if (t, s) == _CELLS[4] else 0.5) for t, s in _CELLS]
+  state = _one_round(before, after, passed=True)
   report = build_report(state)
   se = standard_error([0.3, 0, 0, 0, 0, 0])
   assert report["rounds"][0]["change"] == pytest.approx({"mean": 0.05, "se": se, "cells": 6})
@@ -199,27 +213,11 @@ def test_each_round_and_the_accepted_policy_show_their_paired_change():
 def test_each_round_shows_every_stage_change_with_its_paired_error():
   """A round's per-stage changes (and its target's) are means of per-cell changes with the
   paired SE: one cell of six losing S3 is -1/6 ± 1/6, not a bare -0.167 to hold a round on."""
-  def cell(track, seed, stages):
-    return {"cell": {"track": track, "seed": seed}, "valid": True, "invalid_reason": None,
-            "stage_scores": stages, "task_score": 0.5, "agentic": 0.5, "overall": 0.5,
-            "finish_reason": "agent_stop", "malformed_turns": 0, "submitted": True,
-            "stage_evidence": {s: True for s in workflow.STAGES}}
-  cells = [(t, seed) for t in workflow.TRACKS[:2] for seed in range(3)]
   same = {s: 1.0 for s in workflow.STAGES}
-  before = [cell(t, s, same) for t, s in cells]
-  after = [cell(t, s, dict(same, S3=0.0) if (t, s) == cells[1] else
-                dict(same, S4=0.5) if (t, s) in cells[3:5] else same) for t, s in cells]
-  state = OuterState(sft_done=True, baseline="sft")
-  for name, records in (("sft", before), ("round_000000", after[::-1])):
-    state.evaluations[name] = headline(aggregation.aggregate(
-        records, tier="lite", protocol_digest="a" * 64, cell_set_digest="b" * 64))
-  state.rounds.append(RoundRecord(
-      round=0, target="S3", weights={"pool_mix": {p: 1 / 3 for p in workflow.POOLS},
-                                     "stage_weights": {s: float(s == "S3")
-                                                       for s in workflow.STAGES}},
-      start_policy="sft", candidate="round_000000",
-      gate={"passed": False, "reasons": ["stage_drop/S3: 0.1667 > 0.03"], "checks": {}},
-      promoted=False, healthy=True, steps=[{"reward_mean": 0.2, "no_signal": 0.0}]))
+  before = [_cell(t, s, 0.5, same) for t, s in _CELLS]
+  after = [_cell(t, s, 0.5, dict(same, S3=0.0) if (t, s) == _CELLS[1] else
+                 dict(same, S4=0.5) if (t, s) in _CELLS[3:5] else same) for t, s in _CELLS]
+  state = _one_round(before, after, passed=False)
   report = build_report(state)
   changes = report["rounds"][0]["stage_changes"]
   se3, se4 = standard_error([-1.0, 0, 0, 0, 0, 0]), standard_error([-0.5, -0.5, 0, 0, 0, 0])
