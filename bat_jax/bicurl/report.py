@@ -78,9 +78,12 @@ def build_report(state: OuterState) -> dict[str, Any]:
   names = ["sft"] + [r.candidate for r in state.rounds]
   evaluations = [{"policy": n, **state.evaluations[n]} for n in names if n in state.evaluations]
   steps = [s for r in state.rounds for s in r.steps]
+  stage_changes = [{s: _change(state, r.start_policy, r.candidate, s) for s in workflow.STAGES}
+                   for r in state.rounds]
   return {
       "evaluations": evaluations,
-      "target_before_after": [_target_scores(state, r) for r in state.rounds],
+      "target_before_after": [_target_scores(state, r, changes[r.target])
+                              for r, changes in zip(state.rounds, stage_changes)],
       "grpo_steps_applied": sum(1 for s in steps if not s.get("no_signal")),
       "grpo_steps_total": len(steps),
       "sft_validation_nll": state.sft_validation_nll,
@@ -92,9 +95,8 @@ def build_report(state: OuterState) -> dict[str, Any]:
                     "kl_mean": _mean([s["kl"] for s in r.steps if "kl" in s]),
                     "reward_by_pool": _pool_rewards(r.steps),
                     "change": _change(state, r.start_policy, r.candidate),
-                    "stage_changes": {s: _change(state, r.start_policy, r.candidate, s)
-                                      for s in workflow.STAGES}}
-                 for r in state.rounds],
+                    "stage_changes": changes}
+                 for r, changes in zip(state.rounds, stage_changes)],
       "accepted_vs_sft": _change(state, "sft", state.baseline),
       "steps": [{"round": r.round, **s} for r in state.rounds for s in r.steps],
       "baseline": state.baseline,
@@ -117,14 +119,16 @@ def _change(state: OuterState, before: str, after: str,
   return paired_change(cells(before), cells(after), what)
 
 
-def _target_scores(state: OuterState, r: Any) -> dict[str, Any]:
-  """Held-out score of the round's target stage on its start policy and on its candidate."""
+def _target_scores(state: OuterState, r: Any,
+                   change: Optional[dict[str, Any]]) -> dict[str, Any]:
+  """Held-out score of the round's target stage on its start policy and on its candidate, and
+  `change`, its paired per-cell change (the round's `stage_changes` entry)."""
   def score(policy: str) -> Optional[float]:
     e = state.evaluations.get(policy)
     return None if e is None or r.target not in e["stage_scores"] else e["stage_scores"][r.target]
   return {"round": r.round, "target": r.target, "start_policy": r.start_policy,
           "before": score(r.start_policy), "after": score(r.candidate),
-          "change": _change(state, r.start_policy, r.candidate, r.target)}
+          "change": change}
 
 
 def _pool_rewards(steps: list[dict]) -> dict[str, dict[str, Optional[float]]]:

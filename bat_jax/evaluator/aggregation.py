@@ -29,13 +29,17 @@ def _mean(values: Sequence[float]) -> Optional[float]:
   return math.fsum(values) / len(values) if values else None
 
 
+def _value(record: Mapping[str, Any], get: Any) -> float:
+  """`get(record)`, or 0 for an invalid cell."""
+  return float(get(record)) if record["valid"] else 0.0
+
+
 def _scores(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
   """Means over all records, an invalid one counting 0; null when none is valid."""
   if not any(r["valid"] for r in records):
     return {"stage_scores": {s: None for s in workflow.STAGES}, "task": None, "agentic": None,
             "overall": None}
-  value = lambda r, get: get(r) if r["valid"] else 0.0
-  mean = lambda get: _mean([value(r, get) for r in records])
+  mean = lambda get: _mean([_value(r, get) for r in records])
   return {
       "stage_scores": {s: mean(lambda r: r["stage_scores"][s]) for s in workflow.STAGES},
       "task": mean(lambda r: r["task_score"]),
@@ -49,19 +53,15 @@ def _cell_order(record: Mapping[str, Any]) -> str:
   return hashlib.sha256(json.dumps(record["cell"], sort_keys=True).encode()).hexdigest()
 
 
-def cell_overall(records: Sequence[Mapping[str, Any]]) -> list[float]:
-  """Per-cell overall scores (an invalid cell 0) in the digest order, so two reports on one
-  cell set list the same cells in the same places: the gate pairs them for its noise estimate."""
+def per_cell_scores(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+  """`cell_overall` and, per stage, `cell_stage_scores`: one score per cell (an invalid cell 0)
+  in the digest order, so two reports on one cell set list the same cells in the same places
+  and the gate and the run report pair them for their noise estimates (a stage score moves by
+  1/n of one cell's change)."""
   ordered = sorted(records, key=_cell_order)
-  return [float(r["overall"]) if r["valid"] else 0.0 for r in ordered]
-
-
-def cell_stage_scores(records: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
-  """Per stage, the per-cell scores (an invalid cell 0) in `cell_overall`'s order: a round's
-  stage changes get a paired standard error (a stage score moves by 1/n of a cell's change)."""
-  ordered = sorted(records, key=_cell_order)
-  return {s: [float(r["stage_scores"][s]) if r["valid"] else 0.0 for r in ordered]
-          for s in workflow.STAGES}
+  return {"cell_overall": [_value(r, lambda r: r["overall"]) for r in ordered],
+          "cell_stage_scores": {s: [_value(r, lambda r: r["stage_scores"][s]) for r in ordered]
+                                for s in workflow.STAGES}}
 
 
 def failure_categories(record: Mapping[str, Any]) -> list[str]:
@@ -92,8 +92,7 @@ def aggregate(records: Sequence[Mapping[str, Any]], *, tier: str, protocol_diges
       continue
     scores = _scores(mine)
     tracks[track] = {**scores, "cells": len(mine), "valid": sum(r["valid"] for r in mine),
-                     "cell_overall": cell_overall(mine),
-                     "cell_stage_scores": cell_stage_scores(mine)}
+                     **per_cell_scores(mine)}
   categories = collections.Counter(c for r in records for c in failure_categories(r))
   report = {
       "schema": REPORT_SCHEMA, "tier": tier,
