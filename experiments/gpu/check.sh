@@ -73,9 +73,10 @@ if "$PY" -c 'import jax, sys; sys.exit(0 if jax.default_backend() == "gpu" else 
               --config.grpo.micro_batches=2 --config.rollout.limits.max_context_tokens=16384)
 else
   MODE=cpu
-  # Short CPU compiles (as the test suite: no LLVM optimisation, 2 causal query blocks).
+  # Short CPU compiles (as the test suite: no LLVM optimisation, the legacy fusion codegen, 2
+  # causal query blocks).
   export JAX_PLATFORMS=cpu BAT_JAX_CAUSAL_QUERY_BLOCKS=2 \
-      XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+      XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
   PARITY_ARGS=(--cpu-smoke)
   STRESS_ARGS=(--cases=cos0.9_beta0.86_g-0.01,long_padding,len65 --time=1,128,2)
   # The 9B layer pattern and head ratios at width 128 (config.json written below), FSDP 8.

@@ -16,6 +16,10 @@ torch / jax_targets (median over rounds) is printed last.
 
   PYTHONPATH=. python experiments/perf/sft_step.py --batch 8 --seq 512 --targets 80
   PYTHONPATH=. python experiments/perf/sft_step.py --batch 16 --seq 256 --targets 96 --base
+  PYTHONPATH=. python experiments/perf/sft_step.py --batch 16 --seq 256 --targets 96 --base --profile
+
+`--profile`: no timing against torch; the JAX step's op time per step, summed per `bat_jax`
+source line (`xla_profile.py`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # xla_profile
 LR = 1e-3
 
 
@@ -46,7 +51,8 @@ def sft_rows(batch: int, seq: int, targets: int, vocab: int, seed: int = 0) -> d
   return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
 
 
-def jax_side(hf_dict: dict, rows: dict, targets: int, head_on_targets: bool, out_dir: str):
+def jax_side(hf_dict: dict, rows: dict, targets: int, head_on_targets: bool, out_dir: str,
+             with_compiled: bool = False):
   """`step()` -> loss of bat_jax's SFT update; saves the initial weights for torch."""
   import jax
   from flax import nnx
@@ -69,7 +75,7 @@ def jax_side(hf_dict: dict, rows: dict, targets: int, head_on_targets: bool, out
   def step() -> float:
     holder["state"], metrics = compiled(holder["state"], batch, frozen)
     return float(jax.block_until_ready(metrics)["loss"])
-  return step
+  return (compiled, step) if with_compiled else step
 
 
 def torch_side(weights_dir: str, rows: dict, targets: int):
@@ -105,12 +111,21 @@ def main() -> None:
   parser.add_argument("--base", action="store_true", help="the tiny base's layer order")
   parser.add_argument("--iters", type=int, default=5)
   parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--profile", action="store_true",
+                      help="per-op time of the JAX step by source line (xla_profile.py); no torch")
   args = parser.parse_args()
   from configs import tiny
   cfg = tiny.get_config("base" if args.base else None)
   hf_dict = cfg.model.hf_config.to_dict()
   hf_dict["vocab_size"] = int(cfg.tokenizer.train.vocab_size)
   rows = sft_rows(args.batch, args.seq, args.targets, hf_dict["vocab_size"])
+  if args.profile:
+    from xla_profile import profile
+    with tempfile.TemporaryDirectory() as tmp:
+      compiled, step = jax_side(hf_dict, rows, args.targets, True, tmp, with_compiled=True)
+      step()
+      print("\n".join(profile(compiled, step, iters=args.iters, top=30)))
+    return
   with tempfile.TemporaryDirectory() as tmp:
     sides = {"jax_all": jax_side(hf_dict, rows, args.targets, False, tmp),
              "jax_targets": jax_side(hf_dict, rows, args.targets, True, tmp + "/t"),
