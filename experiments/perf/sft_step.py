@@ -53,7 +53,8 @@ def sft_rows(batch: int, seq: int, targets: int, vocab: int, seed: int = 0) -> d
 
 def jax_side(hf_dict: dict, rows: dict, targets: int, head_on_targets: bool, out_dir: str,
              with_compiled: bool = False):
-  """`step()` -> loss of bat_jax's SFT update; saves the initial weights for torch."""
+  """`step()` -> loss of bat_jax's SFT update; saves the initial weights for torch. With
+  `with_compiled`: (compiled, step, {"lower": s, "compile": s}), the AOT stages' seconds."""
   import jax
   from flax import nnx
 
@@ -70,12 +71,16 @@ def jax_side(hf_dict: dict, rows: dict, targets: int, head_on_targets: bool, out
   batch = jax.device_put(rows)
   frozen = {"rest": rest, "ref_params": None}
   holder = {"state": train.init_train_state(params, optimizer, seed=0)}
-  compiled = train.make_train_step(step_fn).lower(holder["state"], batch, frozen).compile()
+  start = time.perf_counter()
+  lowered = train.make_train_step(step_fn).lower(holder["state"], batch, frozen)
+  lowered_at = time.perf_counter()
+  compiled = lowered.compile()
+  seconds = {"lower": lowered_at - start, "compile": time.perf_counter() - lowered_at}
 
   def step() -> float:
     holder["state"], metrics = compiled(holder["state"], batch, frozen)
     return float(jax.block_until_ready(metrics)["loss"])
-  return (compiled, step) if with_compiled else step
+  return (compiled, step, seconds) if with_compiled else step
 
 
 def torch_side(weights_dir: str, rows: dict, targets: int):
@@ -122,7 +127,7 @@ def main() -> None:
   if args.profile:
     from xla_profile import profile
     with tempfile.TemporaryDirectory() as tmp:
-      compiled, step = jax_side(hf_dict, rows, args.targets, True, tmp, with_compiled=True)
+      compiled, step, _ = jax_side(hf_dict, rows, args.targets, True, tmp, with_compiled=True)
       step()
       print("\n".join(profile(compiled, step, iters=args.iters, top=30)))
     return

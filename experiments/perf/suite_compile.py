@@ -39,43 +39,24 @@ SIDES = {
 
 
 def child(batch: int, seq: int, targets: int, iters: int) -> dict:
-  """Runs in the child: builds, lowers, compiles and times the tiny SFT step."""
-  import jax
-  from flax import nnx
+  """Runs in the child: builds, lowers, compiles and times the tiny SFT step (sft_step.py's)."""
+  import tempfile
 
   import sft_step
-  from bat_jax import train
-  from bat_jax.model import ModelConfig, build_model
-  from bat_jax.sft import sft_loss_fn
   from configs import tiny
   cfg = tiny.get_config()
   hf = cfg.model.hf_config.to_dict()
   hf["vocab_size"] = int(cfg.tokenizer.train.vocab_size)
-  model = build_model(ModelConfig.from_hf_dict(hf), rngs=nnx.Rngs(0))
-  graphdef, params, rest = train.split_model(model)
-  optimizer = train.make_optimizer(train.OptimizerConfig(learning_rate=1e-3))
-  step_fn = train.build_step_fn(graphdef, sft_loss_fn(chunk_size=256, targets_per_row=targets),
-                                optimizer, train.StepConfig())
-  batch_arrays = jax.device_put(sft_step.sft_rows(batch, seq, targets, hf["vocab_size"]))
-  holder = {"state": train.init_train_state(params, optimizer, seed=0)}
-  frozen = {"rest": rest, "ref_params": None}
-  start = time.perf_counter()
-  lowered = train.make_train_step(step_fn).lower(holder["state"], batch_arrays, frozen)
-  lowered_at = time.perf_counter()
-  compiled = lowered.compile()
-  compiled_at = time.perf_counter()
-
-  def step() -> float:
-    holder["state"], metrics = compiled(holder["state"], batch_arrays, frozen)
-    return float(jax.block_until_ready(metrics)["loss"])
-  first_loss = step()
-  times = []
-  for _ in range(iters):
-    t = time.perf_counter()
-    step()
-    times.append(time.perf_counter() - t)
-  return {"lower": lowered_at - start, "compile": compiled_at - lowered_at,
-          "step_ms": statistics.median(times) * 1e3, "first_loss": first_loss}
+  rows = sft_step.sft_rows(batch, seq, targets, hf["vocab_size"])
+  with tempfile.TemporaryDirectory() as tmp:
+    _, step, seconds = sft_step.jax_side(hf, rows, targets, True, tmp, with_compiled=True)
+    first_loss = step()
+    times = []
+    for _ in range(iters):
+      t = time.perf_counter()
+      step()
+      times.append(time.perf_counter() - t)
+  return {**seconds, "step_ms": statistics.median(times) * 1e3, "first_loss": first_loss}
 
 
 def run_side(flags: str, args) -> dict:
