@@ -249,9 +249,19 @@ def _rollout(c: ml_collections.ConfigDict) -> None:
 # order had not by 500 (3.3). Content-based copying (induction) had formed in neither by 400
 # steps of the corpus; experiments/README.md, "The tiny base".
 BASE_LAYER_TYPES = ("full_attention", "full_attention", "full_attention", "linear_attention")
+# `deltanet_first`: DeltaNet, then three attention layers. The DeltaNet's short causal conv hands
+# the attention layers each token's predecessor (half of an induction head), so copying forms
+# early: the base's echo_long loss fell to 0.08-0.10 in its 150 steps in two draws (attention
+# first: 0.9-1.4), and the same rows and steps built a base that copies 0.70 alone and 0.67 after
+# 768 tokens (attention first on this box: 0.43 / 0.22). Not the default: its cold-start SFT
+# policy left the choice of the next stage blurred (after `validation ok`: p(stop) 0.26,
+# p(infer) 0.23) and stopped there in every held-out cell (S4 = S5 = 0; experiments/README.md,
+# "DeltaNet first").
+DELTANET_FIRST_LAYER_TYPES = ("linear_attention", "full_attention", "full_attention",
+                              "full_attention")
 
 
-def _tiny_base(c: ml_collections.ConfigDict) -> None:
+def _tiny_base(c: ml_collections.ConfigDict, deltanet_first: bool) -> None:
   """The default (`base`): random init, then the tiny base's pretraining on the generated corpus
   (bat_jax.pretrain, cached by its config hash), the analogue of a pretrained checkpoint.
   Its probe copy accuracy (exact, teacher-forced, which greedy decoding matches) after 100 +
@@ -261,7 +271,8 @@ def _tiny_base(c: ml_collections.ConfigDict) -> None:
   after 128 SFT steps: 0.660, and 0.529 / 0.449 (one SFT policy, two runs' cells;
   experiments/README.md, "Context extension" and "A third box")."""
   c.model.source = "tiny_base"
-  c.model.hf_config.layer_types = BASE_LAYER_TYPES
+  c.model.hf_config.layer_types = (DELTANET_FIRST_LAYER_TYPES if deltanet_first
+                                   else BASE_LAYER_TYPES)
   # Every head dim rotary (32, 16 frequencies; the real Qwen3.5's 0.25 of 256 is 64): on pure
   # echoes this order crossed the copying plateau at step ~250 with 32 (experiments/README.md).
   c.model.hf_config.rope_parameters.partial_rotary_factor = 1.0
@@ -273,10 +284,15 @@ def _tiny_base(c: ml_collections.ConfigDict) -> None:
 def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
   """`arg`: `smoke` (a handful of steps per phase, for tests; from scratch unless `base`),
   `rounds=N`, `mode=softmin`, `base` (the default: pretrain the tiny base first,
-  `model.source = "tiny_base"`), `scratch` (no base: the from-scratch cold start)."""
-  arg = base.parse_arg(arg, smoke=False, rounds=2, mode="argmin", base=False, scratch=False)
+  `model.source = "tiny_base"`), `scratch` (no base: the from-scratch cold start),
+  `deltanet_first` (the tiny base's layers DeltaNet first: `DELTANET_FIRST_LAYER_TYPES`)."""
+  arg = base.parse_arg(arg, smoke=False, rounds=2, mode="argmin", base=False, scratch=False,
+                       deltanet_first=False)
   if arg.base and arg.scratch:
     raise ValueError("config argument: `base` and `scratch` exclude each other")
+  if arg.deltanet_first and (arg.scratch or arg.smoke):
+    raise ValueError("config argument: `deltanet_first` orders the tiny base's layers; it "
+                     "needs the base (not `scratch` or `smoke`)")
   # The tiny base is the default; `smoke` stays from scratch (the tests' fast path) unless
   # `base` asks for its short two-phase pretraining too.
   use_base = arg.base or not (arg.scratch or arg.smoke)
@@ -303,7 +319,7 @@ def get_config(arg: Optional[str] = None) -> ml_collections.ConfigDict:
   # (all 42 cells) keep the reference limits.
   c.gate.track_noise_z = 2.0
   if use_base:
-    _tiny_base(c)
+    _tiny_base(c, arg.deltanet_first)
   if arg.smoke:
     c.update_from_flattened_dict(SMOKE_OVERRIDES)
     if use_base:

@@ -33,6 +33,7 @@ _RUN = flags.DEFINE_string("run", None, "a run directory (tokenizer/, policies/)
 _POLICY = flags.DEFINE_string("policy", "sft", "the exported policy under RUN/policies/")
 _TASKS = flags.DEFINE_integer("tasks", 3, "fresh tasks per (track, outcome)")
 _SEED = flags.DEFINE_integer("seed", 4242, "the probe tasks' SFT-spec seed")
+_SHOW = flags.DEFINE_integer("show_wrong", 0, "print up to this many wrong completions per kind")
 flags.mark_flags_as_required(["run"])
 
 FOCI = ("E2E", "S3", "S4", "S5")
@@ -91,6 +92,8 @@ def main(argv: list[str]) -> None:
     entry["format"] += got is not None
     entry["exact"] += got == want
     entry["called"][_called(got) + ("" if got == want else " (wrong)")] += 1
+    if got != want and entry["n"] - entry["exact"] <= _SHOW.value:
+      print(f"{key}: wanted {want!r}, wrote {chat.decode(completion.output_ids)!r}")
   print(f"{'row kind':<18} {'n':>3} {'format':>7} {'exact':>6}  called")
   for key in sorted(table):
     e = table[key]

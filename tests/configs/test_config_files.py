@@ -145,6 +145,17 @@ def test_tiny_default_pretrains_the_tiny_base_first():
     tiny.get_config("base,scratch")
 
 
+def test_deltanet_first_reorders_only_the_base_layers():
+  default, reordered = tiny.get_config().to_dict(), tiny.get_config("deltanet_first").to_dict()
+  layers = reordered["model"]["hf_config"].pop("layer_types")
+  assert layers[0] == "linear_attention" and set(layers[1:]) == {"full_attention"}
+  assert sorted(layers) == sorted(default["model"]["hf_config"].pop("layer_types"))
+  assert reordered == default   # the same model otherwise (its base's cache key differs)
+  for arg in ("scratch,deltanet_first", "smoke,deltanet_first"):
+    with pytest.raises(ValueError, match="`deltanet_first` orders the tiny base's layers"):
+      tiny.get_config(arg)
+
+
 def test_config_argument_errors_name_the_key():
   with pytest.raises(ValueError, match="config argument: unknown key 'smok'"):
     tiny.get_config("smok")
