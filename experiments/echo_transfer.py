@@ -57,10 +57,9 @@ class Echoes:
                tokenizer.convert_tokens_to_ids(tokenizer_lib.ENDOFTEXT), base._echo_pool(tokenizer))
 
   def doc(self, rng, lo: int, hi: int, pool) -> tuple[list[int], list[int]]:
-    k = int(rng.integers(lo, hi))
-    xs = rng.choice(pool, size=k, replace=False).tolist()
-    return ([self.head] + xs + [self.mid] + xs + [self.eot],
-            [0] * (k + 2) + [1] * k + [0])
+    from bat_jax.pretrain import base
+    pieces = rng.choice(pool, size=int(rng.integers(lo, hi)), replace=False).tolist()
+    return base.echo_document(pieces, self.head, self.mid, self.eot)
 
   def rows(self, n: int, seq: int, lo: int, hi: int, seed: int):
     rng = np.random.default_rng(seed)

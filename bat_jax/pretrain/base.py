@@ -161,7 +161,13 @@ def _echo(tokenizer: Any, seed: int, index: int, eot_id: int, attempt: int = 0
   rng = np.random.default_rng([seed, index, 7, attempt])
   size = int(rng.integers(*ECHO_LENGTHS[_phase_of(index)]))
   pieces = rng.choice(_echo_pool(tokenizer), size=size, replace=False).tolist()
-  head, mid = _separators(tokenizer)
+  return echo_document(pieces, *_separators(tokenizer), eot_id)
+
+
+def echo_document(pieces: list[int], head: int, mid: int, eot_id: int
+                  ) -> tuple[list[int], list[int]]:
+  """`(ids, loss mask)` of one echo: `head` pieces `mid` the same pieces `eot_id`, the loss on
+  the second copy only."""
   ids = [head] + pieces + [mid] + pieces + [eot_id]
   return ids, [0] * (len(pieces) + 2) + [1] * len(pieces) + [0]
 
