@@ -252,7 +252,7 @@ BASE_LAYER_TYPES = ("full_attention", "full_attention", "full_attention", "linea
 # `deltanet_first`: DeltaNet, then three attention layers. The DeltaNet's short causal conv hands
 # the attention layers each token's predecessor (half of an induction head), so copying forms
 # early: the base's echo_long loss fell to 0.08-0.10 in its 150 steps in two draws (attention
-# first: 0.9-1.4), and the same rows and steps built a base that copies 0.70 alone and 0.67 after
+# first: 0.9-2.0 in three), and the same rows and steps built a base that copies 0.70 alone and 0.67 after
 # 768 tokens (attention first on this box: 0.43 / 0.22). Not the default: its cold-start SFT
 # policy left the choice of the next stage blurred (after `validation ok`: p(stop) 0.26,
 # p(infer) 0.23) and stopped there in every held-out cell (S4 = S5 = 0; experiments/README.md,

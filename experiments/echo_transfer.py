@@ -154,9 +154,10 @@ def main() -> None:
                         checkpoint_every=steps, pad_id=echoes.eot,
                         optimizer=OptimizerConfig(learning_rate=args.lr, schedule="constant",
                                                   warmup_steps=args.warmup, total_steps=steps))
-    run_sft(model, echoes.rows(steps * batch, seq, lo, hi, 1000 + i + 100 * args.seed),
-            sft_cfg, tempfile.mkdtemp(), mesh=run_mesh(run_cfg),
-            rules=tuple(cfg.sharding.rules), make_params=make_params, on_step=on_step)
+    with tempfile.TemporaryDirectory() as checkpoints:   # a phase's end state, then gone
+      run_sft(model, echoes.rows(steps * batch, seq, lo, hi, 1000 + i + 100 * args.seed),
+              sft_cfg, checkpoints, mesh=run_mesh(run_cfg),
+              rules=tuple(cfg.sharding.rules), make_params=make_params, on_step=on_step)
     make_params = None
     print(f"after phase {i} ({spec}), NLL / greedy accuracy: " + "  ".join(
         f"{k} {nll:.2f} / {acc:.2f}" for k, (nll, acc) in evaluate(model, echoes).items()),
