@@ -85,16 +85,30 @@ def tools_brief(instance: TaskInstance) -> str:
 
 def _handoff(focus: str) -> str:
   done = workflow.STAGES[:workflow.STAGES.index(focus)]
+  if len(done) == 1:
+    return f"Stage {done[0]} is already done: its artifacts are in the workspace. "
   return (f"Stages {', '.join(done)} are already done: their artifacts are in the workspace. "
           if done else "")
 
 
-def _tools_handoff(instance: TaskInstance, focus: str) -> str:
-  """The stage-tools handoff; past validation it also states what validation printed, the
-  observation an episode would have shown, so the row's first call is decidable."""
+def tools_handoff(instance: TaskInstance, focus: str) -> str:
+  """The stage-tools handoff of a stage-local row: the earlier stages' calls, as their receipts
+  in the workspace record them, and past validation what validation printed, the observation an
+  episode would have shown, so the row's first call is decidable.
+
+  Why the calls: in an episode a stage's call copies its id past the earlier calls' ids (S3's
+  `--cases v3` after the plan's `--cases 6`, S4's `--data` after validate's `--cases`); a row
+  that states only the facts never poses that choice, so its practice was exact and taught the
+  episode nothing (experiments/README.md, "Handoffs that pose the episode's choice")."""
+  done = workflow.STAGES[:workflow.STAGES.index(focus)]
+  if not done:
+    return ""
+  calls = [action["arguments"]["code"] for stage in done
+           for action in toolspace.tool_actions(instance, stage)]
+  handoff = _handoff(focus) + f"Calls run: {'; '.join(calls)}. "
   if focus not in ("S4", "S5"):
-    return _handoff(focus)
-  return _handoff(focus) + f"Validation printed: {toolspace.validation_report(instance)}. "
+    return handoff
+  return handoff + f"Validation printed: {toolspace.validation_report(instance)}. "
 
 
 def brief_for(instance: TaskInstance, focus: str) -> str:
@@ -105,7 +119,7 @@ def brief_for(instance: TaskInstance, focus: str) -> str:
     raise ValueError(f"unknown focus {focus!r}; expected one of {workflow.FOCI}")
   if instance.action_space == "stage_tools":
     return (f"Track: {instance.track}. Facts: {toolspace.task_facts(instance)}. "
-            f"{_tools_handoff(instance, focus)}Do "
+            f"{tools_handoff(instance, focus)}Do "
             f"stage {focus} ({workflow.STAGE_NAMES[focus]}) only, with its stage tool: "
             f"{workflow.STAGE_TOOLS[focus]}.")
   return (f"Track: {instance.track}. {instance.spec['objective']} Read "

@@ -10,7 +10,8 @@ from bat_jax.evaluator.evaluate import EvalSettings
 from bat_jax.evaluator.markers_export import export_cells
 from bat_jax.sandbox import SandboxLimits
 from bat_jax.stagebank import build, leakcheck, rounds, task_source
-from bat_jax.taskkit import expert_actions, materialize_at, toolspace
+from bat_jax.taskkit import expert_actions, materialize_at
+from bat_jax.train_tasks import briefs
 
 SPEC = rounds.RoundSpec(0, rounds.RoundWeights.for_target("S3"), seed=2, n_batches=3)
 
@@ -32,10 +33,11 @@ def test_round_passes_the_leak_check_and_rebuilds(checker):
       assert instance.action_space == "stage_tools"
       blob = json.dumps(row)
       hidden = instance.hidden
-      # Past validation the fault is a handoff artifact (validation printed it and wrote the
-      # diagnosis), so an S4 / S5 row's brief states it, in that sentence only.
-      if recipe["boundary_stage"] in ("S4", "S5") and instance.outcome == "failure":
-        handoff = f"Validation printed: {toolspace.validation_report(instance)}."
+      # Past validation the fault is a handoff artifact (validation printed it, the repair or
+      # the blocker's receipt names it), so an S4 / S5 row's handoff states it, there only.
+      stage = recipe["boundary_stage"]
+      if stage in ("S4", "S5") and instance.outcome != "success":
+        handoff = briefs.tools_handoff(instance, stage).strip()
         assert handoff in blob and hidden["fault"] in handoff
         blob = blob.replace(handoff, "")
       for secret in ([hidden["fault"]] if hidden["fault"] else []) + [

@@ -246,6 +246,21 @@ def test_handoff_states_what_validation_printed_and_decides_the_next_call(
     assert "Validation printed" not in train_tasks.brief_for(inst, stage)
 
 
+@pytest.mark.parametrize("outcome", workflow.OUTCOMES)
+def test_handoff_lists_the_earlier_stages_calls_never_the_stages_own(outcome):
+  """A stage-local row's handoff lists the calls of the stages before it, in order, so its own
+  call must pick its id past theirs as in an episode; the row's own call never appears."""
+  inst = train_tasks.generate("detection", 5, outcome, "stage_tools")
+  assert "Calls run" not in train_tasks.brief_for(inst, "S1")
+  for k, stage in enumerate(workflow.STAGES[1:], start=1):
+    brief = train_tasks.brief_for(inst, stage)
+    earlier = [a["arguments"]["code"] for s in workflow.STAGES[:k]
+               for a in expert_actions(inst, s)]
+    assert f"Calls run: {'; '.join(earlier)}. " in brief
+    own = {a["arguments"]["code"] for a in expert_actions(inst, stage)} - set(earlier)
+    assert own and not any(call in brief for call in own), (stage, own)
+
+
 def test_e2e_briefs_vary_in_every_part_but_keep_the_facts():
   briefs = [train_tasks.generate("detection", s, "success", "stage_tools") for s in range(60)]
   openings = {b.brief.split(". ")[0] for b in briefs}
