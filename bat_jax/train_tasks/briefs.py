@@ -92,23 +92,26 @@ def _handoff(focus: str) -> str:
 
 
 def tools_handoff(instance: TaskInstance, focus: str) -> str:
-  """The stage-tools handoff of a stage-local row: the earlier stages' calls, as their receipts
-  in the workspace record them, and past validation what validation printed, the observation an
-  episode would have shown, so the row's first call is decidable.
-
-  Why the calls: in an episode a stage's call copies its id past the earlier calls' ids (S3's
-  `--cases v3` after the plan's `--cases 6`, S4's `--data` after validate's `--cases`); a row
-  that states only the facts never poses that choice, so its practice was exact and taught the
-  episode nothing (experiments/README.md, "Handoffs that pose the episode's choice")."""
+  """The stage-tools handoff of a stage-local row past S1: the earlier stages' calls, as their
+  receipts in the workspace record them, and past validation what validation printed, the
+  observation an episode would have shown, so the row's first call is decidable."""
   done = workflow.STAGES[:workflow.STAGES.index(focus)]
   if not done:
     return ""
   calls = [action["arguments"]["code"] for stage in done
            for action in toolspace.tool_actions(instance, stage)]
-  handoff = _handoff(focus) + f"Calls run: {'; '.join(calls)}. "
+  handoff = f"The earlier stages are done. Calls run: {'; '.join(calls)}. "
   if focus not in ("S4", "S5"):
     return handoff
   return handoff + f"Validation printed: {toolspace.validation_report(instance)}. "
+
+
+# Why a stage-tools row past S1 names neither its stage nor its tool: in an episode the next call
+# follows from the calls before it and what they printed (after `validation ok`, infer; after
+# infer, submit rather than stop), and the held-out cells fail on exactly those choices. A row
+# that names its tool never poses them, so its practice was exact and taught the episode nothing
+# (experiments/README.md, "Handoffs that pose the episode's choice").
+_NEXT_STAGE = "Continue the workflow: do the next stage only, with its stage tool."
 
 
 def brief_for(instance: TaskInstance, focus: str) -> str:
@@ -118,10 +121,11 @@ def brief_for(instance: TaskInstance, focus: str) -> str:
   if focus not in workflow.STAGE_GOALS:
     raise ValueError(f"unknown focus {focus!r}; expected one of {workflow.FOCI}")
   if instance.action_space == "stage_tools":
-    return (f"Track: {instance.track}. Facts: {toolspace.task_facts(instance)}. "
-            f"{tools_handoff(instance, focus)}Do "
-            f"stage {focus} ({workflow.STAGE_NAMES[focus]}) only, with its stage tool: "
-            f"{workflow.STAGE_TOOLS[focus]}.")
+    facts = f"Track: {instance.track}. Facts: {toolspace.task_facts(instance)}. "
+    if focus == workflow.STAGES[0]:
+      return (f"{facts}Do stage {focus} ({workflow.STAGE_NAMES[focus]}) only, with its stage "
+              f"tool: {workflow.STAGE_TOOLS[focus]}.")
+    return f"{facts}{tools_handoff(instance, focus)}{_NEXT_STAGE}"
   return (f"Track: {instance.track}. {instance.spec['objective']} Read "
           f"{workflow.ARTIFACTS['spec']} first. {_handoff(focus)}Do stage {focus} "
           f"({workflow.STAGE_NAMES[focus]}) only: {workflow.STAGE_GOALS[focus]}. Every artifact "

@@ -58,4 +58,5 @@ def test_tool_observations_pass_the_leak_check(checker, tmp_path, require_bwrap)
     observations.append(res.observation)
     assert checker.check_row({"action": action, "observation": res.observation}) == []
   assert "fault: degenerate_output subject: intensity_scale" in observations[0]
-  assert workflow.STAGE_TOOLS["S3"] in train_tasks.brief_for(inst, "S3")
+  brief = train_tasks.brief_for(inst, "S3")
+  assert "validate" not in brief and "S3" not in brief and "next stage only" in brief

@@ -249,7 +249,8 @@ def test_handoff_states_what_validation_printed_and_decides_the_next_call(
 @pytest.mark.parametrize("outcome", workflow.OUTCOMES)
 def test_handoff_lists_the_earlier_stages_calls_never_the_stages_own(outcome):
   """A stage-local row's handoff lists the calls of the stages before it, in order, so its own
-  call must pick its id past theirs as in an episode; the row's own call never appears."""
+  call must pick its id past theirs and its tool after theirs, as in an episode; the row's own
+  call, stage and tool never appear."""
   inst = train_tasks.generate("detection", 5, outcome, "stage_tools")
   assert "Calls run" not in train_tasks.brief_for(inst, "S1")
   for k, stage in enumerate(workflow.STAGES[1:], start=1):
@@ -259,6 +260,9 @@ def test_handoff_lists_the_earlier_stages_calls_never_the_stages_own(outcome):
     assert f"Calls run: {'; '.join(earlier)}. " in brief
     own = {a["arguments"]["code"] for a in expert_actions(inst, stage)} - set(earlier)
     assert own and not any(call in brief for call in own), (stage, own)
+    # The row poses the episode's choice: neither its stage nor its stage's tool is named.
+    command = next(c for c, s in workflow.COMMAND_STAGES.items() if s == stage)
+    assert f"tools/{command}.py" not in brief and stage not in brief, (stage, brief)
 
 
 def test_e2e_briefs_vary_in_every_part_but_keep_the_facts():
