@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bat_jax import markers, train_tasks, workflow
+from bat_jax import markers, train_tasks
 from bat_jax.evaluator.evaluate import EvalSettings
 from bat_jax.evaluator.markers_export import export_cells
 from bat_jax.sandbox import SandboxLimits
