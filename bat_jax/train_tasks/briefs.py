@@ -92,18 +92,19 @@ def _handoff(focus: str) -> str:
 
 
 def tools_handoff(instance: TaskInstance, focus: str) -> str:
-  """The stage-tools handoff of a stage-local row past S1: the earlier stages' calls, as their
-  receipts in the workspace record them, and past validation what validation printed, the
-  observation an episode would have shown, so the row's first call is decidable."""
+  """The stage-tools handoff of a stage-local row past S1: the earlier stages' calls in order, as
+  their receipts in the workspace record them, with what validation last printed after its
+  call (the observation an episode would have shown), so the row's first call is decidable:
+  the next call follows from the last one and its printout, as in an episode."""
   done = workflow.STAGES[:workflow.STAGES.index(focus)]
   if not done:
     return ""
   calls = [action["arguments"]["code"] for stage in done
            for action in toolspace.tool_actions(instance, stage)]
-  handoff = f"The earlier stages are done. Calls run: {'; '.join(calls)}. "
-  if focus not in ("S4", "S5"):
-    return handoff
-  return handoff + f"Validation printed: {toolspace.validation_report(instance)}. "
+  if "S3" in done:
+    last_validate = max(i for i, c in enumerate(calls) if "tools/validate.py" in c)
+    calls[last_validate] += f", which printed: {toolspace.validation_report(instance)}"
+  return f"The earlier stages are done. Calls run: {'; '.join(calls)}. "
 
 
 # Why a stage-tools row past S1 names neither its stage nor its tool: in an episode the next call

@@ -234,7 +234,7 @@ def test_handoff_states_what_validation_printed_and_decides_the_next_call(
   assert (report == last_line) == (outcome == "failure")
   for stage in ("S4", "S5"):
     brief = train_tasks.brief_for(inst, stage)
-    assert f"Validation printed: {report}." in brief
+    assert f", which printed: {report}" in brief
     (call,) = [a["arguments"]["code"] for a in expert_actions(inst, stage)]
     if outcome == "failure":
       fault = re.search(r"fault: (\S+) subject: (\S+)", brief)
@@ -243,7 +243,7 @@ def test_handoff_states_what_validation_printed_and_decides_the_next_call(
     else:
       assert "--blocked" not in call and "--failed" not in call
   for stage in ("S1", "S2", "S3"):
-    assert "Validation printed" not in train_tasks.brief_for(inst, stage)
+    assert "printed" not in train_tasks.brief_for(inst, stage)
 
 
 @pytest.mark.parametrize("outcome", workflow.OUTCOMES)
@@ -257,7 +257,11 @@ def test_handoff_lists_the_earlier_stages_calls_never_the_stages_own(outcome):
     brief = train_tasks.brief_for(inst, stage)
     earlier = [a["arguments"]["code"] for s in workflow.STAGES[:k]
                for a in expert_actions(inst, s)]
-    assert f"Calls run: {'; '.join(earlier)}. " in brief
+    listed = brief.split("Calls run: ", 1)[1].split(". Continue", 1)[0]
+    assert [c.split(", which printed")[0] for c in listed.split("; ")] == earlier
+    if "S3" in workflow.STAGES[:k]:  # validation's printout follows its last call, as in an episode
+      last_validate = max(i for i, c in enumerate(earlier) if "validate.py" in c)
+      assert listed.split("; ")[last_validate].endswith(toolspace.validation_report(inst))
     own = {a["arguments"]["code"] for a in expert_actions(inst, stage)} - set(earlier)
     assert own and not any(call in brief for call in own), (stage, own)
     # The row poses the episode's choice: neither its stage nor its stage's tool is named.
