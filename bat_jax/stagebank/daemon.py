@@ -225,7 +225,10 @@ def serve(bank: Path, source_factory: Callable[[], rl_rows.TaskSource], *, seed:
     while not stop.is_set() and (max_rounds is None or handled < max_rounds):
       todo = pending_requests(bank)
       if not todo:
-        stop.wait(poll_s)
+        # Not `stop.wait`: the signal handler's `stop.set()` takes the Event's lock, and a
+        # signal landing while this thread held it inside `wait` deadlocked the server for good
+        # (a bank orphaned by a killed run, stuck in a futex).
+        time.sleep(poll_s)
         continue
       _handle_request(bank, todo[0], source, seed=seed, n_batches=n_batches,
                       rows_per_batch=rows_per_batch, markers_path=markers_path, workers=workers,

@@ -123,3 +123,28 @@ def test_serve_in_a_thread_stops_on_its_event(tmp_path):
   stop.set()
   thread.join(timeout=10)
   assert not thread.is_alive() and not daemon.server_alive(tmp_path)
+
+
+def test_sigterm_during_the_idle_poll_stops_the_server(tmp_path, monkeypatch):
+  """SIGTERM (a killed run's PR_SET_PDEATHSIG) landing in the idle poll ends the server: the
+  poll must not hold the lock the handler's `stop.set()` takes (it once deadlocked a bank)."""
+  polls = []
+
+  def sleep(seconds):
+    polls.append(seconds)
+    if len(polls) == 3:
+      os.kill(os.getpid(), signal.SIGTERM)  # delivered inside the poll, as the kernel's would be
+
+  monkeypatch.setattr(daemon, "time", type("FakeTime", (), {"sleep": staticmethod(sleep)}))
+  handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+  stop = threading.Event()
+  backstop = threading.Timer(10.0, stop.set)  # a poll that bypasses `time.sleep` fails, not hangs
+  backstop.start()
+  try:
+    handled = daemon.serve(tmp_path / "bank", lambda: None, poll_s=0.01, stop=stop)
+  finally:
+    backstop.cancel()
+    for sig, handler in handlers.items():
+      signal.signal(sig, handler)
+  assert handled == 0 and polls == [0.01] * 3
+  assert not daemon.server_alive(tmp_path / "bank")
