@@ -99,11 +99,13 @@ def tools_handoff(instance: TaskInstance, focus: str) -> str:
   done = workflow.STAGES[:workflow.STAGES.index(focus)]
   if not done:
     return ""
-  calls = [action["arguments"]["code"] for stage in done
-           for action in toolspace.tool_actions(instance, stage)]
-  if "S3" in done:
-    last_validate = max(i for i, c in enumerate(calls) if "tools/validate.py" in c)
-    calls[last_validate] += f", which printed: {toolspace.validation_report(instance)}"
+  calls = []
+  for stage in done:
+    stage_calls = [action["arguments"]["code"]
+                   for action in toolspace.tool_actions(instance, stage)]
+    if stage == "S3":  # S3 ends with the validation whose printout decides the next call
+      stage_calls[-1] += f", which printed: {toolspace.validation_report(instance)}"
+    calls += stage_calls
   return f"The earlier stages are done. Calls run: {'; '.join(calls)}. "
 
 
