@@ -256,7 +256,8 @@ BASE_LAYER_TYPES = ("full_attention", "full_attention", "full_attention", "linea
 # 768 tokens (attention first on this box: 0.43 / 0.22). Not the default: its cold-start SFT
 # policy left the choice of the next stage blurred (after `validation ok`: p(stop) 0.26,
 # p(infer) 0.23) and stopped there in every held-out cell (S4 = S5 = 0; experiments/README.md,
-# "DeltaNet first").
+# "DeltaNet first"); with the briefs that pose the next stage, its one draw copied 0.21 and its
+# SFT policy failed setup (run main10; "Handoffs that pose the episode's choice").
 DELTANET_FIRST_LAYER_TYPES = ("linear_attention", "full_attention", "full_attention",
                               "full_attention")
 
