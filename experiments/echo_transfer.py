@@ -34,12 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 TYPES = {"F": "full_attention", "L": "linear_attention"}
 
 
-def parse_phase(spec: str) -> tuple[int, int, int, int, int]:
-  """`BxT:lo-hi:steps` -> `(batch, seq, lo, hi, steps)`: lists of lo..hi-1 pieces."""
-  shape, lengths, steps = spec.split(":")
+def parse_phase(spec: str) -> tuple[int, int, int, int, int, bool]:
+  """`BxT:lo-hi:steps[:pairs]` -> `(batch, seq, lo, hi, steps, pairs)`: lists of lo..hi-1
+  pieces; `pairs`: associative-recall echoes (the pairs come back shuffled)."""
+  shape, lengths, steps, *kind = spec.split(":")
+  if kind not in ([], ["pairs"]):
+    raise ValueError(f"phase {spec!r}: the fourth field may only be `pairs`")
   batch, seq = shape.split("x")
   lo, hi = lengths.split("-")
-  return int(batch), int(seq), int(lo), int(hi), int(steps)
+  return int(batch), int(seq), int(lo), int(hi), int(steps), bool(kind)
 
 
 class Echoes:
@@ -56,15 +59,19 @@ class Echoes:
     return cls(*base._separators(tokenizer),
                tokenizer.convert_tokens_to_ids(tokenizer_lib.ENDOFTEXT), base._echo_pool(tokenizer))
 
-  def doc(self, rng, lo: int, hi: int, pool) -> tuple[list[int], list[int]]:
+  def doc(self, rng, lo: int, hi: int, pool, pairs: bool = False
+          ) -> tuple[list[int], list[int]]:
     from bat_jax.pretrain import base
     pieces = rng.choice(pool, size=int(rng.integers(lo, hi)), replace=False).tolist()
+    if pairs:
+      return base.pair_echo_document(pieces, rng.permutation(len(pieces) // 2).tolist(),
+                                     self.head, self.mid, self.eot)
     return base.echo_document(pieces, self.head, self.mid, self.eot)
 
-  def rows(self, n: int, seq: int, lo: int, hi: int, seed: int):
+  def rows(self, n: int, seq: int, lo: int, hi: int, seed: int, pairs: bool = False):
     rng = np.random.default_rng(seed)
     from bat_jax.pretrain import base
-    docs = iter(lambda: self.doc(rng, lo, hi, self.pool), None)
+    docs = iter(lambda: self.doc(rng, lo, hi, self.pool, pairs), None)
     return base._pack(docs, n, seq, self.eot)
 
   def deep_rows(self, n: int, seq: int, lo: int, hi: int, seed: int, shared: bool):
@@ -104,7 +111,8 @@ def evaluate(model, echoes: Echoes) -> dict[str, tuple[float, float]]:
           "long@96": score(model, echoes.rows(16, 96, 12, 41, 78)),
           "packed@256": score(model, echoes.rows(16, 256, 12, 41, 79)),
           "deep@1024": score(model, echoes.deep_rows(8, 1024, 12, 41, 80, shared=False)),
-          "deep_shared@1024": score(model, echoes.deep_rows(8, 1024, 12, 41, 81, shared=True))}
+          "deep_shared@1024": score(model, echoes.deep_rows(8, 1024, 12, 41, 81, shared=True)),
+          "pairs@256": score(model, echoes.rows(16, 256, 12, 41, 82, pairs=True))}
 
 
 def main() -> None:
@@ -141,7 +149,7 @@ def main() -> None:
   make_params = lambda trainer: trainer.init_params(build)
   start = time.perf_counter()
   for i, spec in enumerate(args.phases.split(",")):
-    batch, seq, lo, hi, steps = parse_phase(spec)
+    batch, seq, lo, hi, steps, pairs = parse_phase(spec)
     losses: list[float] = []
 
     def on_step(step, metrics, i=i):
@@ -155,7 +163,7 @@ def main() -> None:
                         optimizer=OptimizerConfig(learning_rate=args.lr, schedule="constant",
                                                   warmup_steps=args.warmup, total_steps=steps))
     with tempfile.TemporaryDirectory() as checkpoints:   # a phase's end state, then gone
-      run_sft(model, echoes.rows(steps * batch, seq, lo, hi, 1000 + i + 100 * args.seed),
+      run_sft(model, echoes.rows(steps * batch, seq, lo, hi, 1000 + i + 100 * args.seed, pairs),
               sft_cfg, checkpoints, mesh=run_mesh(run_cfg),
               rules=tuple(cfg.sharding.rules), make_params=make_params, on_step=on_step)
     make_params = None

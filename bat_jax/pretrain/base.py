@@ -36,7 +36,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import jax
 import numpy as np
@@ -170,6 +170,20 @@ def echo_document(pieces: list[int], head: int, mid: int, eot_id: int
   the second copy only."""
   ids = [head] + pieces + [mid] + pieces + [eot_id]
   return ids, [0] * (len(pieces) + 2) + [1] * len(pieces) + [0]
+
+
+def pair_echo_document(pieces: list[int], order: Sequence[int], head: int, mid: int,
+                       eot_id: int) -> tuple[list[int], list[int]]:
+  """`(ids, loss mask)` of an associative-recall echo: `head` key/value pairs (`pieces` two by
+  two) `mid` the same pairs in `order` `eot_id`, the loss on the second half's values only. Its
+  pairs come back shuffled, so no fixed look-back offset predicts a value: only finding the key
+  earlier in the row and copying what followed it (an induction head) does."""
+  pairs = [pieces[i:i + 2] for i in range(0, len(pieces) - 1, 2)]
+  if sorted(order) != list(range(len(pairs))):
+    raise ValueError(f"pair echo order {list(order)} is not a permutation of {len(pairs)} pairs")
+  second = [t for i in order for t in pairs[i]]
+  ids = [head] + [t for p in pairs for t in p] + [mid] + second + [eot_id]
+  return ids, [0] * (2 * len(pairs) + 2) + [0, 1] * len(pairs) + [0]
 
 
 def _echo_text(tokenizer: Any, seed: int, index: int, eot_id: int, attempt: int) -> str:
@@ -349,7 +363,7 @@ def _train(model: nnx.Module, build: Any, pcfg: PretrainConfig, data: Corpus, st
   warms up again to its own, lower rate and decays it."""
   from bat_jax.sft import SftConfig, run_sft      # heavy imports: only when building
   from bat_jax.train.step import OptimizerConfig
-  losses: dict[str, list[float]] = {name: [] for name, *_ in PHASES}
+  losses: dict[str, dict[int, float]] = {name: {} for name, *_ in PHASES}
   seconds: dict[str, float] = {}
 
   def phase(name: str, rows, steps: int, shape: tuple[int, int], schedule: str, lr: float,
@@ -364,7 +378,7 @@ def _train(model: nnx.Module, build: Any, pcfg: PretrainConfig, data: Corpus, st
       loss = float(metrics["loss"])
       if not np.isfinite(loss):
         raise FloatingPointError(f"pretraining {name} step {step}: non-finite loss {loss}")
-      losses[name].append(loss)
+      losses[name][int(step)] = loss
 
     start = time.monotonic()
     run_sft(model, rows, cfg, staging / f"ckpt_{name}", mesh=mesh, rules=rules,
@@ -378,7 +392,22 @@ def _train(model: nnx.Module, build: Any, pcfg: PretrainConfig, data: Corpus, st
       phase(name, getattr(data, f"{prefix}rows"), steps, (batch_size, seq_len), schedule,
             getattr(pcfg, lr_field), make_params)
       make_params = None
-  return {**{f"{k}_final_loss": v[-1] if v else None for k, v in losses.items()}, **seconds}
+  return {**{f"{k}_final_loss": list(v.values())[-1] if v else None for k, v in losses.items()},
+          **{f"{k}_loss_curve": loss_curve(v) for k, v in losses.items() if v}, **seconds}
+
+
+LOSS_CURVE_BLOCK = 25   # steps per point of a phase's recorded loss curve
+
+
+def loss_curve(losses: Mapping[int, float], block: int = LOSS_CURVE_BLOCK
+               ) -> list[list[float]]:
+  """`[first step, mean loss]` per `block` steps of `losses` (step -> loss): one draw's base
+  copies and another's does not (experiments/README.md), and a final step's loss alone cannot
+  say where a phase stalled. A resumed build holds only the steps run since its restore."""
+  blocks: dict[int, list[float]] = {}
+  for step, loss in sorted(losses.items()):
+    blocks.setdefault((step - 1) // block * block + 1, []).append(loss)   # steps count from 1
+  return [[first, round(float(np.mean(v)), 4)] for first, v in blocks.items()]
 
 
 def ensure_base(build: Any, pcfg: PretrainConfig, hf_config: dict[str, Any], tokenizer_dir: Path,

@@ -117,6 +117,9 @@ def test_build_then_cache_hit_and_key_follows_the_config(tokenizer_dir, tmp_path
   model_dir, record = _ensure(pcfg, tokenizer_dir)
   assert not record["cache_hit"] and (record["echo_steps"], record["steps"]) == (2, 3)
   assert np.isfinite(record["echo_final_loss"]) and np.isfinite(record["corpus_final_loss"])
+  # One point per phase here (2 and 3 steps < a block), at the phase's first step.
+  assert record["echo_loss_curve"][0][0] == 1 and record["corpus_loss_curve"][0][0] == 1
+  assert len(record["corpus_loss_curve"]) == 1 and "extend_loss_curve" not in record
   assert 0.0 <= record["copy_accuracy"] <= 1.0 and record["probes"] == 4
   assert (model_dir / "config.json").is_file() and (model_dir / "tokenizer.json").is_file()
   assert not (model_dir.parent.with_name(model_dir.parent.name + ".build")).exists()
@@ -133,6 +136,13 @@ def test_build_then_cache_hit_and_key_follows_the_config(tokenizer_dir, tmp_path
                         tokenizer_dir) == key
   assert base.cache_key(dataclasses.replace(pcfg, lr=2e-3), HF, tokenizer_dir) != key
   assert base.cache_key(pcfg, {**HF, "hidden_size": 64}, tokenizer_dir) != key
+
+
+def test_loss_curve_means_each_block_from_its_first_step():
+  losses = {s: float(s) for s in range(1, 61)}      # steps count from 1
+  assert base.loss_curve(losses, block=25) == [[1, 13.0], [26, 38.0], [51, 55.5]]
+  # A resumed phase records only its steps since the restore: its blocks keep their steps.
+  assert base.loss_curve({s: 1.0 for s in range(31, 41)}, block=25) == [[26, 1.0]]
 
 
 def test_concurrent_runs_on_one_cache_build_the_base_once(tokenizer_dir, tmp_path):
