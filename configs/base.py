@@ -288,6 +288,8 @@ def grpo_config() -> ml_collections.ConfigDict:
   # release): each turn of an E2E episode is credited with its stage's group-relative reward and
   # the later stages' at `credit_discount` per stage (bat_jax.grpo.advantages.stage_credit; 1 is
   # DeepSeekMath's process-reward GRPO, 0 its own stage only). Stage-local rows are unchanged.
+  # `mode`: grpo | rloo | placebo (a control: GRPO's advantages shuffled within each group, so a
+  # round's update keeps its size and loses its signal; bat_jax.grpo.advantages).
   s.advantage = ml_collections.ConfigDict({"mode": "grpo", "std_normalize": False,
                                            "credit": "outcome", "credit_discount": 1.0})
   s.clip_low = 0.2                  # not in the release

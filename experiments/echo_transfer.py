@@ -11,6 +11,10 @@ on fresh rows it was not trained on:
   deep@1024      one list after ~1,000 tokens of other lists drawn from the other half of the
                  pool (positions a task's episode reaches, no piece in common)
   deep_shared    the same with the earlier lists drawn from the whole pool (shared pieces)
+  pairs@256      key/value pairs, then the same pairs shuffled, the loss on the values
+                 (associative recall: no fixed offset copies it; `pair_echo_document`)
+
+A phase spec `BxT:lo-hi:steps:pairs` trains on such pair echoes instead of plain ones.
 
 A head that copies by content (an induction head) scores on all five; one that copies by
 offset scores only where it was trained (experiments/README.md, "DeltaNet first").
@@ -45,6 +49,20 @@ def parse_phase(spec: str) -> tuple[int, int, int, int, int, bool]:
   return int(batch), int(seq), int(lo), int(hi), int(steps), bool(kind)
 
 
+def pair_echo_document(pieces: list[int], order: list[int], head: int, mid: int, eot: int
+                       ) -> tuple[list[int], list[int]]:
+  """`(ids, loss mask)`: `head` key/value pairs (`pieces` two by two) `mid` the same pairs in
+  `order` `eot`, the loss on the second half's values only. The pairs come back shuffled, so no
+  fixed look-back offset predicts a value: only finding the key earlier in the row and copying
+  what followed it (an induction head) does."""
+  pairs = [pieces[i:i + 2] for i in range(0, len(pieces) - 1, 2)]
+  if sorted(order) != list(range(len(pairs))):
+    raise ValueError(f"pair echo order {order} is not a permutation of {len(pairs)} pairs")
+  ids = ([head] + [t for p in pairs for t in p] + [mid] + [t for i in order for t in pairs[i]]
+         + [eot])
+  return ids, [0] * (2 * len(pairs) + 2) + [0, 1] * len(pairs) + [0]
+
+
 class Echoes:
   """Echo documents over `pool` in the base's own format: `head` pieces `mid` pieces `eot`."""
 
@@ -64,8 +82,8 @@ class Echoes:
     from bat_jax.pretrain import base
     pieces = rng.choice(pool, size=int(rng.integers(lo, hi)), replace=False).tolist()
     if pairs:
-      return base.pair_echo_document(pieces, rng.permutation(len(pieces) // 2).tolist(),
-                                     self.head, self.mid, self.eot)
+      return pair_echo_document(pieces, rng.permutation(len(pieces) // 2).tolist(),
+                                self.head, self.mid, self.eot)
     return base.echo_document(pieces, self.head, self.mid, self.eot)
 
   def rows(self, n: int, seq: int, lo: int, hi: int, seed: int, pairs: bool = False):

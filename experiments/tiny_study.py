@@ -28,7 +28,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sweep  # noqa: E402
@@ -60,11 +60,24 @@ def _cold_done(workdir: Path) -> bool:
       and json.loads(state.read_text()).get("sft_done", False)
 
 
-def fork_cold_start(source: Path, target: Path, mode: str) -> None:
-  """Starts `target` from `source`'s cold start: its files, its config with `mode`, and an outer
-  state holding only the SFT phase (so the curriculum picks its first target itself)."""
+def fork_cold_start(source: Path, target: Path, mode: str,
+                    overrides: Optional[Mapping[str, Any]] = None) -> None:
+  """Starts `target` from `source`'s cold start: its files, its config with `mode` (and any
+  dotted-key `overrides`, e.g. `{"grpo.advantage.mode": "placebo"}`: launch it with the same
+  `--config.` flags), and an outer state holding only the SFT phase (so the curriculum picks its
+  first target itself)."""
   if target.exists():
     return
+  config = json.loads((source / "config.json").read_text())
+  config["curriculum"]["mode"] = mode
+  for dotted, value in (overrides or {}).items():   # checked before anything is copied
+    *parents, leaf = dotted.split(".")
+    section = config
+    for name in parents:
+      section = section.get(name, {})
+    if leaf not in section:
+      raise KeyError(f"fork override {dotted!r}: the source config has no such field")
+    section[leaf] = value
   tmp = target.with_name(target.name + ".forking")
   shutil.rmtree(tmp, ignore_errors=True)
   for rel in COLD_START_PATHS:
@@ -74,8 +87,6 @@ def fork_cold_start(source: Path, target: Path, mode: str) -> None:
     elif src.is_file():
       (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
       shutil.copy2(src, tmp / rel)
-  config = json.loads((source / "config.json").read_text())
-  config["curriculum"]["mode"] = mode
   atomic_write_json(tmp / "config.json", config)
   state = json.loads((source / "outer_state.json").read_text())
   atomic_write_json(tmp / "outer_state.json", {

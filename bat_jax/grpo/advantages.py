@@ -70,9 +70,34 @@ def rloo_advantages(rewards: jax.Array, group_ids: jax.Array, valid: jax.Array, 
   return jnp.where(valid & (count > 1), rewards - loo_mean, 0.0)
 
 
+PLACEBO_SEED = 20261207
+
+
+def placebo_advantages(rewards: jax.Array, group_ids: jax.Array, valid: jax.Array, *,
+                       std_normalize: bool = False, eps: float = 1e-6) -> jax.Array:
+  """A control, not an estimator: GRPO's advantages of the rewards shuffled within each group.
+
+  Each group keeps its rewards (so its mean, spread and every update's size are GRPO's), but a
+  row's advantage belongs to a uniformly random member of its group, drawn afresh for every
+  batch (the key folds in the batch's group ids: each step draws its own states). What a round
+  gains over this placebo is what its reward taught; what both lose is what any update of that
+  size costs (experiments/README.md, "A placebo round")."""
+  key = jax.random.fold_in(jax.random.PRNGKey(PLACEBO_SEED),
+                           jnp.sum(group_ids.astype(jnp.uint32)))
+  draw = jax.random.uniform(key, rewards.shape)                                # [B]
+  row = jnp.arange(rewards.shape[0])
+  same = (group_ids[:, None] == group_ids[None, :]) & valid[None, :] & valid[:, None]   # [B, B]
+  rank_draw = (same & (draw[None, :] < draw[:, None])).sum(axis=1)   # [B] rank in the group
+  rank_row = (same & (row[None, :] < row[:, None])).sum(axis=1)      # [B] position in it
+  takes = same & (rank_row[None, :] == rank_draw[:, None])           # row i takes row j's reward
+  shuffled = jnp.where(valid, jnp.where(takes, rewards[None, :], 0.0).sum(axis=1), rewards)
+  return grpo_advantages(shuffled, group_ids, valid, std_normalize=std_normalize, eps=eps)
+
+
 ADVANTAGE_ESTIMATORS: Mapping[str, AdvantageFn] = {
     "grpo": grpo_advantages,
     "rloo": rloo_advantages,
+    "placebo": placebo_advantages,
 }
 
 

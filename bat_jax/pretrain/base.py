@@ -36,7 +36,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import jax
 import numpy as np
@@ -170,20 +170,6 @@ def echo_document(pieces: list[int], head: int, mid: int, eot_id: int
   the second copy only."""
   ids = [head] + pieces + [mid] + pieces + [eot_id]
   return ids, [0] * (len(pieces) + 2) + [1] * len(pieces) + [0]
-
-
-def pair_echo_document(pieces: list[int], order: Sequence[int], head: int, mid: int,
-                       eot_id: int) -> tuple[list[int], list[int]]:
-  """`(ids, loss mask)` of an associative-recall echo: `head` key/value pairs (`pieces` two by
-  two) `mid` the same pairs in `order` `eot_id`, the loss on the second half's values only. Its
-  pairs come back shuffled, so no fixed look-back offset predicts a value: only finding the key
-  earlier in the row and copying what followed it (an induction head) does."""
-  pairs = [pieces[i:i + 2] for i in range(0, len(pieces) - 1, 2)]
-  if sorted(order) != list(range(len(pairs))):
-    raise ValueError(f"pair echo order {list(order)} is not a permutation of {len(pairs)} pairs")
-  second = [t for i in order for t in pairs[i]]
-  ids = [head] + [t for p in pairs for t in p] + [mid] + second + [eot_id]
-  return ids, [0] * (2 * len(pairs) + 2) + [0, 1] * len(pairs) + [0]
 
 
 def _echo_text(tokenizer: Any, seed: int, index: int, eot_id: int, attempt: int) -> str:

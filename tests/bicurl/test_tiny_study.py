@@ -4,6 +4,8 @@ import json
 import pathlib
 import sys
 
+import pytest
+
 from bat_jax import workflow
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "experiments"))
@@ -47,6 +49,22 @@ def test_fork_copies_the_cold_start_and_resets_the_outer_state(tmp_path):
   # The run secret keys the held-out cells: a fork evaluates the cells of the copied SFT eval.
   assert (dst / "eval_secret").read_text() == "ab" * 32
   assert (dst / "eval_secret").stat().st_mode & 0o777 == 0o600
+
+
+def test_fork_applies_dotted_overrides_and_refuses_an_unknown_field(tmp_path):
+  src = tmp_path / "src"
+  src.mkdir()
+  (src / "config.json").write_text(json.dumps({"curriculum": {"mode": "argmin"},
+                                               "grpo": {"advantage": {"mode": "grpo"}}}))
+  (src / "outer_state.json").write_text(json.dumps({
+      "sft_validation_nll": 0.5, "evaluations": {"sft": {}}, "phase_seconds": {}}))
+  tiny_study.fork_cold_start(src, tmp_path / "placebo", "argmin",
+                             {"grpo.advantage.mode": "placebo"})
+  assert json.loads((tmp_path / "placebo" / "config.json").read_text())["grpo"] == \
+      {"advantage": {"mode": "placebo"}}
+  with pytest.raises(KeyError, match="grpo.advantage.typo"):
+    tiny_study.fork_cold_start(src, tmp_path / "typo", "argmin", {"grpo.advantage.typo": 1})
+  assert not list(tmp_path.glob("typo*"))   # refused before anything is copied
 
 
 def test_table_has_mean_and_standard_error_over_seeds():

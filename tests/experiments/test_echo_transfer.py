@@ -11,11 +11,15 @@ SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "echo_transfer.py
 HEAD, MID, EOT = 0, 1, 2
 
 
-def _echoes():
+def _module():
   spec = importlib.util.spec_from_file_location("echo_transfer", SCRIPT)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.Echoes(HEAD, MID, EOT, np.arange(3, 203))
+  return module
+
+
+def _echoes():
+  return _module().Echoes(HEAD, MID, EOT, np.arange(3, 203))
 
 
 def _documents(ids):
@@ -58,3 +62,29 @@ def test_deep_rows_score_one_list_after_the_others(shared):
     overlaps.append(len(filler & set(last.tolist())))
   # The other half of the pool, or the whole pool: shared pieces make look-back ambiguous.
   assert (max(overlaps) > 0) if shared else (max(overlaps) == 0)
+
+
+def test_pair_rows_score_each_value_after_its_own_key_in_a_new_order():
+  orders = 0
+  for ids, mask in _echoes().rows(8, 256, 12, 41, seed=3, pairs=True):
+    ids, mask = np.asarray(ids), np.asarray(mask)
+    for start in np.flatnonzero(ids == HEAD):
+      mid = start + 1 + np.flatnonzero(ids[start + 1:] == MID)[0]
+      first = ids[start + 1:mid].reshape(-1, 2)
+      second = ids[mid + 1:mid + 1 + first.size].reshape(-1, 2)
+      assert {tuple(p) for p in first} == {tuple(p) for p in second}   # the same pairs
+      orders += not np.array_equal(first, second)
+      # Loss on the second half's values only: never on a key, never on the first half.
+      assert mask[start:mid + 1].sum() == 0
+      assert mask[mid + 1:mid + 1 + first.size].tolist() == [0, 1] * len(first)
+  assert orders > 0
+
+
+def test_a_phase_names_its_kind_or_is_refused():
+  module = _module()
+  assert module.parse_phase("32x64:8-27:300:pairs") == (32, 64, 8, 27, 300, True)
+  assert module.parse_phase("64x32:2-7:100") == (64, 32, 2, 7, 100, False)
+  with pytest.raises(ValueError, match="fourth field"):
+    module.parse_phase("64x32:2-7:100:pair")
+  with pytest.raises(ValueError, match="not a permutation"):
+    module.pair_echo_document([5, 6, 7, 8], [0, 0], HEAD, MID, EOT)

@@ -57,7 +57,7 @@ def test_bad_inputs_name_the_fault():
     group_advantages(np.zeros(4), np.zeros(3, int))
   with pytest.raises(ValueError, match="std_normalize.*rloo"):
     group_advantages(np.zeros(4), np.zeros(4, int), mode="rloo", std_normalize=True)
-  assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "rloo"}
+  assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "rloo", "placebo"}
 
 
 def test_nan_reward_under_jit_stays_in_its_group():
@@ -93,6 +93,41 @@ def test_invalid_rows_rewards_are_never_read():
   np.testing.assert_allclose(got, [0.5, 0.0, -0.5, 0.0])
   with pytest.raises(ValueError, match="valid \\(3,\\) must be \\[B\\]"):
     group_advantages(np.zeros(4), np.zeros(4, int), valid=np.ones(3, bool))
+
+
+def test_placebo_gives_each_group_grpo_advantages_in_a_random_order():
+  group_ids = np.array([17, 3, 17, 99, 3, 17, 3, 5, 17, 99, 3, 3])
+  rewards = np.random.default_rng(0).normal(size=group_ids.shape).astype(np.float32)
+  valid = np.ones(12, bool)
+  valid[6] = False                                   # an errored row: 0, out of its group
+  placebo = np.asarray(group_advantages(rewards, group_ids, valid=valid, mode="placebo"))
+  grpo = np.asarray(group_advantages(rewards, group_ids, valid=valid))
+  for g in np.unique(group_ids):   # the same advantages per group: the same update size
+    rows = (group_ids == g) & valid
+    np.testing.assert_allclose(np.sort(placebo[rows]), np.sort(grpo[rows]), rtol=1e-6,
+                               atol=1e-7)
+  assert placebo[6] == 0.0 and placebo[7] == 0.0     # errored; the group of one
+  assert not np.allclose(placebo, grpo)
+  again = np.asarray(jax.jit(group_advantages, static_argnames="mode")(
+      rewards, group_ids, valid=valid, mode="placebo"))
+  np.testing.assert_allclose(again, placebo, rtol=1e-6, atol=1e-7)   # one draw per batch
+  other = np.asarray(group_advantages(rewards, group_ids + 1, valid=valid, mode="placebo"))
+  assert not np.allclose(other, placebo)             # the next step's states draw anew
+
+
+def test_placebo_advantages_carry_no_reward_signal():
+  # 4 rollouts per group, 64 groups a batch, 32 batches: GRPO's advantage follows the row's
+  # own reward (corr ~0.87 at G=4); the placebo's is as likely to push a good row down as up.
+  rng = np.random.default_rng(3)
+  corr = {"grpo": [], "placebo": []}
+  for step in range(32):
+    group_ids = np.repeat(np.arange(64) + 1000 * step, 4)
+    rewards = rng.integers(0, 2, size=256).astype(np.float32)
+    for mode in corr:
+      adv = np.asarray(group_advantages(rewards, group_ids, mode=mode))
+      corr[mode].append(np.corrcoef(rewards, adv)[0, 1])
+  assert np.mean(corr["grpo"]) > 0.8
+  assert abs(np.mean(corr["placebo"])) < 0.05
 
 
 def test_stage_credit_is_per_stage_grpo_summed_over_the_stages_ahead():
