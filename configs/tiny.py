@@ -11,8 +11,9 @@ the built-in evaluator. Sizes aim at 15 minutes on 2 otherwise idle CPU cores wi
 cached, the base ~7 min of it (cached after the first run; the SFT rows are built beside it).
 Before the base's context extension: 13 min 18 s (run cc, experiments/README.md); with it, 22 min
 24 s (a box running ~1.5x slow), 24 min 50 s and 27 min 28 s (two slow boxes, base 665 and 761
-s): over the 15 minutes. Those two boxes built the same base to every reported digit; a fresh
-run's figures still vary with its own held-out cells (experiments/README.md, "A third box").
+s), 24 min 17 s for the default now (run main12, base 714 s): over the 15 minutes. Boxes build
+the same base to every reported digit; a fresh run's figures still vary with its own held-out
+cells (experiments/README.md, "A third box").
 `smoke` shrinks every phase to a few steps (a 2-layer, 64-wide model from scratch, 200 SFT
 steps, 4 x 4 rollouts a step and a failed-call penalty, so GRPO applies updates on any box), and
 the end-to-end test runs it with `base` (`smoke,base`: a 6-step, two-phase tiny-base
@@ -267,11 +268,11 @@ def _tiny_base(c: ml_collections.ConfigDict, deltanet_first: bool) -> None:
   """The default (`base`): random init, then the tiny base's pretraining on the generated corpus
   (bat_jax.pretrain, cached by its config hash), the analogue of a pretrained checkpoint.
   Its probe copy accuracy (exact, teacher-forced, which greedy decoding matches) after 100 +
-  150 echo + 700 corpus + 150 extension steps of `corpus-v7` was 0.71 alone and 0.73 after 768
-  tokens in one run, 0.43 and 0.22 in two others on two other boxes (the same config, seed and
-  rows; 651-761 s, cached); the held-out overall
-  after 128 SFT steps: 0.660, and 0.529 / 0.449 (one SFT policy, two runs' cells;
-  experiments/README.md, "Context extension" and "A third box")."""
+  150 echo + 700 corpus + 150 extension steps of `corpus-v7` is a draw of the seed and the
+  tokenizer: 0.17-0.71 alone in the runs so far; the default's (seed 1, this tokenizer) 0.615
+  alone and 0.604 after 768 tokens, 714 s to build, and held-out overall 0.559-0.598 after 128
+  SFT steps (runs main11 and main12: one SFT policy, two runs' cells; experiments/README.md, "A
+  base chosen by its probe")."""
   c.model.source = "tiny_base"
   c.model.hf_config.layer_types = (DELTANET_FIRST_LAYER_TYPES if deltanet_first
                                    else BASE_LAYER_TYPES)

@@ -65,11 +65,12 @@ def _rollouts(grpo, params, prompts, key, flipped) -> tuple[list[Trajectory], fl
 
 
 def _train(tmp_path, chat, *, flipped: bool = False, skip_update: bool = False,
-           old_logp: str = "step") -> list[float]:
+           old_logp: str = "step", advantage_mode: str = "grpo") -> list[float]:
   """Per-step hit rates of STEPS GRPO steps run like `Trainer.fit` runs a round's."""
   # The context cap is the batch's padded length (`rollout_batch`): 16, not 128 tokens.
   cfg = RunConfig.from_config(fast_config(grpo__lr=3e-2, grpo__kl_coef=0.0,
                                           grpo__steps_per_round=STEPS, grpo__old_logp=old_logp,
+                                          grpo__advantage__mode=advantage_mode,
                                           rollout__limits__max_context_tokens=16))
   model = setup.initial_model(cfg)
   grpo = GrpoRound(cfg, 0, model, None, types.SimpleNamespace(engine=None), chat,
@@ -100,10 +101,13 @@ def test_grpo_raises_a_learnable_reward(tmp_path, chat, old_logp):
 
 
 @pytest.mark.slow  # the positive test already fails on either defect; these show why (~35 s)
-@pytest.mark.parametrize("control", ["flipped_advantage", "skipped_update"])
+@pytest.mark.parametrize("control", ["flipped_advantage", "skipped_update", "placebo"])
 def test_grpo_negative_controls_do_not_learn(tmp_path, chat, control):
-  """The same run with the reward's sign flipped (so every advantage flips) or without the
-  update: the hit rate must not climb, so the positive test measures learning, not luck."""
+  """The same run with the reward's sign flipped (so every advantage flips), without the update,
+  or with the placebo's advantages (each row credited with a random group member's: the same
+  update size, no credit): the hit rate must not climb, so the positive test measures
+  learning, not luck."""
   hits = _train(tmp_path, chat, flipped=control == "flipped_advantage",
-                skip_update=control == "skipped_update")
+                skip_update=control == "skipped_update",
+                advantage_mode="placebo" if control == "placebo" else "grpo")
   assert np.mean(hits[-2:]) < 0.3, hits
