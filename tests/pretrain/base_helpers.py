@@ -21,7 +21,7 @@ def pcfg(tmp_path, **kw):
                 echo_long_batch_size=2, echo_long_seq_len=48, steps=3, batch_size=2,
                 seq_len=64, lr=1e-3, warmup_steps=1, seed=5, probes=4, probe_depth=0,
                 extend_steps=0, extend_batch_size=1, extend_seq_len=256, extend_lr=5e-4,
-                checkpoint_every=1,
+                checkpoint_every=100,   # a save at each phase end: a resume restores finished phases
                 cache_dir=str(tmp_path / "cache"))
   return base.PretrainConfig(**{**fields, **kw})
 
