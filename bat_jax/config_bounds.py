@@ -138,6 +138,7 @@ BOUNDS: Mapping[str, Bound] = {
     "grpo.dual_clip": Bound(1, 1e6, "a loss cap multiple (> 1)", lo_open=True),
     "grpo.tis_cap": _positive(1e6, "an importance weight cap"),
     "grpo.pg_min_entropy": Bound(0, 50, "an entropy in nats"),
+    "grpo.pg_prob_weight": Bound(0, 1, "a weight between the log-probability and probability gradients"),
     "grpo.max_grad_norm": _positive(1e6, "a gradient norm"),
     "grpo.adam_eps": _positive(1e3, "AdamW's epsilon"),
     "grpo.micro_batches": _count(64 * K, "accumulation steps"),

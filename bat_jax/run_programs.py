@@ -48,7 +48,8 @@ def grpo_config(cfg: RunConfig) -> GrpoConfig:
                     # seq-mean-token-sum-norm's constant (ignored by the other aggregations).
                     norm_length=g.loss_norm_length or cfg.rollout.limits.max_response_tokens,
                     logprob_chunk_size=g.logprob_chunk_size,
-                    logprob_save_probs=g.logprob_save_probs, pg_min_entropy=g.pg_min_entropy)
+                    logprob_save_probs=g.logprob_save_probs, pg_min_entropy=g.pg_min_entropy,
+                    pg_prob_weight=g.pg_prob_weight)
 
 
 def step_config(section: ml_collections.ConfigDict,

@@ -305,6 +305,10 @@ def grpo_config() -> ml_collections.ConfigDict:
   # least this; the KL term keeps every token. 0: every token (the release). Not in the release:
   # Wang et al. 2025 ("Beyond the 80/20 rule") train on the ~20% highest-entropy tokens only.
   s.pg_min_entropy = 0.0
+  # Advantage reweighting: each token's policy gradient times alpha * p_old + 1 - alpha, so the
+  # rare tokens a temperature-1 rollout samples stop dominating the update (Yang et al. 2025).
+  # 0: the release's loss. Not in the release.
+  s.pg_prob_weight = 0.0
   # AdamW's epsilon. At 1e-8 Adam's first steps move every weight by ~lr whatever its gradient's
   # size; an epsilon near the gradients' scale moves weights with small (noisy) gradients less.
   s.adam_eps = 1e-8

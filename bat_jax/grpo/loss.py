@@ -199,7 +199,7 @@ def policy_loss_terms(logp: Array, old_logp: Array, advantages: Array, mask: Arr
                       kl_estimator: str = "k3", loss_agg: str = "seq-mean-token-mean",
                       tis_cap: Optional[float] = None,
                       norm_length: Optional[float] = None,
-                      pg_mask: Optional[Array] = None) -> tuple[Array, Array, dict[str, Array]]:
+                      pg_weight: Optional[Array] = None) -> tuple[Array, Array, dict[str, Array]]:
   """PPO/GRPO clipped surrogate loss over taken tokens.
 
   Per token, as verl's `compute_policy_loss_vanilla`: `max(-A*r, -A*clip(r, 1-clip_low,
@@ -224,9 +224,10 @@ def policy_loss_terms(logp: Array, old_logp: Array, advantages: Array, mask: Arr
     tis_cap: truncated importance-sampling cap, or None.
     norm_length: the constant length of `seq-mean-token-sum-norm` (its denominator is
       rows x norm_length); required by that mode, ignored by the others.
-    pg_mask: `[B, T]` optional 0/1 (no gradient): the clipped surrogate counts only where it
-      is 1 (e.g. high-entropy tokens); the KL term and the aggregation's denominator still
-      cover every `mask` token, so the kept tokens' weight is what it would be without it.
+    pg_weight: `[B, T]` optional per-token weight >= 0 of the clipped surrogate (no gradient):
+      a 0/1 mask keeps high-entropy tokens only, a token probability reweights the advantage
+      (`GrpoConfig.pg_prob_weight`); the KL term and the aggregation's denominator still cover
+      every `mask` token, so a weight-1 token counts as it would without it.
 
   Returns:
     `(numerator, denominator, stats)`: the loss is `safe_divide(numerator, denominator)` (0 for
@@ -234,25 +235,25 @@ def policy_loss_terms(logp: Array, old_logp: Array, advantages: Array, mask: Arr
     accumulate. `stats` are masked sums (`finalize_stats` turns them into means): `pg_loss`,
     `clip_frac`, `approx_kl` (0.5 * (logp - old_logp)^2), `ratio`, `ratio_max`, `kl` when KL is
     on, `sampler_gap` / `sampler_gap_max` with sampler logprobs, `tis_weight` /
-    `tis_capped_frac` with TIS, `pg_tokens` (the fraction `pg_mask` keeps) with a `pg_mask`,
+    `tis_capped_frac` with TIS, `pg_weight` (its mean over `mask` tokens) with a `pg_weight`,
     and the `tokens` / `sequences` counts.
   """
   validate_loss_config(kl_estimator=kl_estimator, loss_agg=loss_agg, clip_low=clip_low,
                        clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef, tis_cap=tis_cap,
                        norm_length=norm_length)
   _check_shapes(logp, old_logp, advantages, mask, ref_logp, sampler_logp)
-  if pg_mask is not None and pg_mask.shape != logp.shape:
-    raise ValueError(f"pg_mask has shape {pg_mask.shape}, expected {logp.shape} like logp")
+  if pg_weight is not None and pg_weight.shape != logp.shape:
+    raise ValueError(f"pg_weight has shape {pg_weight.shape}, expected {logp.shape} like logp")
   _check_needed_inputs(kl_coef, ref_logp, tis_cap, sampler_logp)
   mask = mask.astype(jnp.float32)
   per_token, stats = _surrogate_and_stats(logp, old_logp, advantages, mask, clip_low=clip_low,
                                           clip_high=clip_high, dual_clip=dual_clip)
   if tis_cap is not None:
     per_token = per_token * _truncated_is_weight(old_logp, sampler_logp, tis_cap, mask, stats)
-  if pg_mask is not None:
-    pg_mask = jax.lax.stop_gradient(pg_mask.astype(jnp.float32))
-    per_token = per_token * pg_mask
-    stats["pg_tokens_sum"] = (pg_mask * mask).sum()
+  if pg_weight is not None:
+    pg_weight = jax.lax.stop_gradient(pg_weight.astype(jnp.float32))
+    per_token = per_token * pg_weight
+    stats["pg_weight_sum"] = (pg_weight * mask).sum()
   stats["pg_loss_sum"] = (per_token * mask).sum()
   if kl_coef > 0:
     kl = KL_ESTIMATORS[kl_estimator](logp, ref_logp)

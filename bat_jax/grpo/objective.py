@@ -42,6 +42,12 @@ class GrpoConfig:
       at `temperature`, no gradient) is at least this; the KL term keeps every token. 0 (the
       release): every token. Wang et al. 2025 ("Beyond the 80/20 rule") train on the ~20%
       highest-entropy "forking" tokens only; a fixed threshold keeps micro-batching exact.
+    pg_prob_weight: alpha in [0, 1]: each token's surrogate is weighted by
+      `alpha * p_old(token) + 1 - alpha` (no gradient; Yang et al. 2025, "Do Not Let
+      Low-Probability Tokens Over-Dominate in RL for LLMs", Advantage Reweighting). A sampled
+      token of probability p moves its logit by ~(1 - p) per unit advantage, so rare tokens (a
+      temperature-1 rollout's slips) dominate the update; 0 (the release) leaves it so, 1 turns
+      the gradient of log p into that of p.
   """
   advantage_mode: str = "grpo"
   std_normalize: bool = False
@@ -60,6 +66,7 @@ class GrpoConfig:
   logprob_save_probs: bool = False
   compute_entropy: bool = False
   pg_min_entropy: float = 0.0
+  pg_prob_weight: float = 0.0
 
   def __post_init__(self):
     registry.check_registered("advantage_mode", self.advantage_mode, ADVANTAGE_ESTIMATORS)
@@ -75,6 +82,8 @@ class GrpoConfig:
       raise ValueError(f"temperature must be > 0, got {self.temperature}")
     if self.pg_min_entropy < 0:
       raise ValueError(f"pg_min_entropy must be >= 0, got {self.pg_min_entropy}")
+    if not 0.0 <= self.pg_prob_weight <= 1.0:
+      raise ValueError(f"pg_prob_weight {self.pg_prob_weight} is outside [0, 1]")
 
 
 def check_batch(batch: Batch) -> None:
@@ -92,6 +101,20 @@ def check_batch(batch: Batch) -> None:
   if batch["advantages"].shape not in (shape[:1], shape):
     raise ValueError(f"batch['advantages'] has shape {batch['advantages'].shape}, "
                      f"expected ({shape[0]},) per sequence or {shape} per token")
+
+
+def _pg_weight(cfg: GrpoConfig, old_logp: jax.Array,
+               entropy: Optional[jax.Array]) -> Optional[jax.Array]:
+  """The surrogate's per-token weight `[B, T]` (None: every token 1): the entropy mask times
+  the probability reweighting, each only when configured."""
+  weight = None
+  if cfg.pg_min_entropy > 0:
+    weight = (entropy >= cfg.pg_min_entropy).astype(jnp.float32)
+  if cfg.pg_prob_weight > 0:
+    prob = jnp.exp(jax.lax.stop_gradient(old_logp).astype(jnp.float32))
+    reweight = cfg.pg_prob_weight * prob + (1.0 - cfg.pg_prob_weight)
+    weight = reweight if weight is None else weight * reweight
+  return weight
 
 
 def grpo_loss_fn(cfg: GrpoConfig) -> LossFn:
@@ -119,12 +142,13 @@ def grpo_loss_fn(cfg: GrpoConfig) -> LossFn:
     # ratio is exactly 1 and its gradient is grad logp, without a second forward.
     old_logp = batch.get("old_logp")
     old_logp = jax.lax.stop_gradient(logp) if old_logp is None else old_logp
-    pg_mask = None if cfg.pg_min_entropy <= 0 else entropy >= cfg.pg_min_entropy    # [B, T]
+    pg_weight = _pg_weight(cfg, old_logp, entropy)                                 # [B, T]
     numerator, denominator, stats = policy_loss_terms(
         logp, old_logp, batch["advantages"], batch["loss_mask"], ref_logp=ref_logp,
         sampler_logp=batch.get("sampler_logp"), clip_low=cfg.clip_low, clip_high=cfg.clip_high,
         dual_clip=cfg.dual_clip, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
-        loss_agg=cfg.loss_agg, tis_cap=cfg.tis_cap, norm_length=cfg.norm_length, pg_mask=pg_mask)
+        loss_agg=cfg.loss_agg, tis_cap=cfg.tis_cap, norm_length=cfg.norm_length,
+        pg_weight=pg_weight)
     if entropy is not None:
       stats["entropy_sum"] = (entropy * batch["loss_mask"].astype(jnp.float32)).sum()
     return numerator, denominator, stats

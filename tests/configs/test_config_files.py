@@ -405,3 +405,14 @@ def test_pg_min_entropy_reaches_the_grpo_loss_and_must_be_non_negative():
   with pytest.raises(ConfigError, match="grpo.pg_min_entropy"):
     validate_config(parse_flags(f"--config={ROOT / 'configs/tiny.py'}",
                                 "--config.grpo.pg_min_entropy=-1"))
+
+
+def test_pg_prob_weight_reaches_the_grpo_loss_and_must_lie_in_0_1():
+  from bat_jax.run_programs import grpo_config
+  cfg = parse_flags(f"--config={ROOT / 'configs/tiny.py'}", "--config.grpo.pg_prob_weight=1.0")
+  validate_config(cfg)
+  assert grpo_config(cfg).pg_prob_weight == 1.0
+  assert grpo_config(parse_flags(f"--config={ROOT / 'configs/tiny.py'}")).pg_prob_weight == 0.0
+  with pytest.raises(ConfigError, match="grpo.pg_prob_weight"):
+    validate_config(parse_flags(f"--config={ROOT / 'configs/tiny.py'}",
+                                "--config.grpo.pg_prob_weight=1.5"))

@@ -269,13 +269,13 @@ def test_per_token_advantages_match_the_broadcast_sequence_ones_and_each_token_i
     policy_loss(logp, old, tokens[:, :3], mask)
 
 
-def test_pg_mask_drops_the_policy_gradient_of_masked_tokens_but_keeps_their_kl():
+def test_pg_weight_of_zero_drops_the_policy_gradient_of_a_token_but_keeps_its_kl():
   logp, old, adv, mask, ref, _ = random_inputs(3)
   pg_mask = (np.random.default_rng(4).uniform(size=mask.shape) < 0.5).astype(np.float32)
   kw = dict(kl_coef=0.1, kl_estimator="k3", loss_agg="seq-mean-token-mean")
 
   def grads(pg):
-    fn = lambda lp: policy_loss(lp, old, adv, mask, ref_logp=ref, pg_mask=pg, **kw)[0]
+    fn = lambda lp: policy_loss(lp, old, adv, mask, ref_logp=ref, pg_weight=pg, **kw)[0]
     return np.asarray(jax.grad(fn)(jnp.asarray(logp)))
 
   full, masked = grads(None), grads(pg_mask)
@@ -288,8 +288,8 @@ def test_pg_mask_drops_the_policy_gradient_of_masked_tokens_but_keeps_their_kl()
   np.testing.assert_allclose(masked[dropped], kl_only[dropped], rtol=1e-5, atol=1e-7)
   assert not np.allclose(full[dropped], kl_only[dropped])   # the PG term was really there
   # The denominator is unchanged (every mask token), and the kept fraction is reported.
-  _, metrics = policy_loss(logp, old, adv, mask, ref_logp=ref, pg_mask=pg_mask, **kw)
-  np.testing.assert_allclose(metrics["pg_tokens"], (pg_mask * mask).sum() / mask.sum(),
+  _, metrics = policy_loss(logp, old, adv, mask, ref_logp=ref, pg_weight=pg_mask, **kw)
+  np.testing.assert_allclose(metrics["pg_weight"], (pg_mask * mask).sum() / mask.sum(),
                              rtol=1e-6)
-  with pytest.raises(ValueError, match="pg_mask has shape"):
-    policy_loss(logp, old, adv, mask, pg_mask=pg_mask[:, :-1])
+  with pytest.raises(ValueError, match="pg_weight has shape"):
+    policy_loss(logp, old, adv, mask, pg_weight=pg_mask[:, :-1])

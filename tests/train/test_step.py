@@ -221,19 +221,50 @@ def test_pg_min_entropy_trains_only_high_entropy_tokens():
     b = batch if advantages is None else {**batch, "advantages": advantages}
     num, den, stats = fn(policy, b, None)
     return float(num / den), {k: float(v) / float(stats["tokens"]) for k, v in stats.items()
-                              if k in ("pg_tokens_sum", "entropy_sum")}
+                              if k in ("pg_weight_sum", "entropy_sum")}
 
   release, stats0 = loss(0.0)
-  assert "pg_tokens_sum" not in stats0
+  assert "pg_weight_sum" not in stats0
   median = float(np.median(np.asarray(taken_token_logprobs(
       policy, batch["input_ids"], valid=batch["valid"], chunk_size=5, with_entropy=True)[1])[
           np.asarray(batch["loss_mask"]) > 0]))
   _, half = loss(median)
-  assert 0.2 < half["pg_tokens_sum"] < 0.8
+  assert 0.2 < half["pg_weight_sum"] < 0.8
   above_all, none_kept = loss(1e3)
-  assert none_kept["pg_tokens_sum"] == 0.0
+  assert none_kept["pg_weight_sum"] == 0.0
   kl_only, _ = loss(0.0, advantages=jnp.zeros_like(batch["advantages"]))
   np.testing.assert_allclose(above_all, kl_only, rtol=1e-6)
   assert abs(release - kl_only) > 1e-4
   with pytest.raises(ValueError, match="pg_min_entropy"):
     GrpoConfig(pg_min_entropy=-0.1)
+
+
+def test_pg_prob_weight_one_turns_the_gradient_of_log_p_into_the_gradient_of_p():
+  """grpo.pg_prob_weight (advantage reweighting): at 1 each token's policy gradient is
+  -A * grad p(token), at 0.5 halfway, at 0 the release's -A * grad log p. No KL; on-policy
+  (no old_logp, as the loop's `old_logp = step`)."""
+  batch = {k: jnp.asarray(v) for k, v in BATCH.items() if k != "old_logp"}
+  mask = batch["loss_mask"].astype(jnp.float32)
+  adv = batch["advantages"][:, None]
+
+  def weighted(model, alpha):   # the objective's loss
+    num, den, _ = grpo_loss_fn(GrpoConfig(logprob_chunk_size=5, pg_prob_weight=alpha))(
+        model, batch, None)
+    return num / den
+
+  def by_hand(model, alpha):    # -A * (alpha * p + (1 - alpha) * log p), seq-mean-token-mean
+    logp = taken_token_logprobs(model, batch["input_ids"], valid=batch["valid"], chunk_size=5)[0]
+    per_token = -adv * (alpha * jnp.exp(logp) + (1 - alpha) * logp)
+    return jnp.mean((per_token * mask).sum(1) / mask.sum(1))
+
+  for alpha in (1.0, 0.5):
+    got = nnx.grad(lambda m: weighted(m, alpha))(tiny_model(seed=0))
+    want = nnx.grad(lambda m: by_hand(m, alpha))(tiny_model(seed=0))
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-4, atol=1e-7)
+  release = nnx.grad(lambda m: weighted(m, 0.0))(tiny_model(seed=0))
+  one = nnx.grad(lambda m: weighted(m, 1.0))(tiny_model(seed=0))
+  assert not all(np.allclose(a, b) for a, b in zip(jax.tree.leaves(release), jax.tree.leaves(one)))
+  for bad in (-0.1, 1.5):
+    with pytest.raises(ValueError, match="pg_prob_weight"):
+      GrpoConfig(pg_prob_weight=bad)
