@@ -396,23 +396,14 @@ def test_adam_eps_reaches_each_phase_optimizer_and_must_be_positive():
                                 "--config.grpo.adam_eps=0"))
 
 
-def test_pg_min_entropy_reaches_the_grpo_loss_and_must_be_non_negative():
+@pytest.mark.parametrize("field, value, bad", [("pg_min_entropy", 0.3, -1),
+                                               ("pg_prob_weight", 1.0, 1.5)])
+def test_a_token_weighting_field_reaches_the_grpo_loss_and_is_bounded(field, value, bad):
   from bat_jax.run_programs import grpo_config
-  cfg = parse_flags(f"--config={ROOT / 'configs/tiny.py'}", "--config.grpo.pg_min_entropy=0.3")
+  cfg = parse_flags(f"--config={ROOT / 'configs/tiny.py'}", f"--config.grpo.{field}={value}")
   validate_config(cfg)
-  assert grpo_config(cfg).pg_min_entropy == 0.3
-  assert grpo_config(parse_flags(f"--config={ROOT / 'configs/tiny.py'}")).pg_min_entropy == 0.0
-  with pytest.raises(ConfigError, match="grpo.pg_min_entropy"):
+  assert getattr(grpo_config(cfg), field) == value
+  assert getattr(grpo_config(parse_flags(f"--config={ROOT / 'configs/tiny.py'}")), field) == 0.0
+  with pytest.raises(ConfigError, match=f"grpo.{field}"):
     validate_config(parse_flags(f"--config={ROOT / 'configs/tiny.py'}",
-                                "--config.grpo.pg_min_entropy=-1"))
-
-
-def test_pg_prob_weight_reaches_the_grpo_loss_and_must_lie_in_0_1():
-  from bat_jax.run_programs import grpo_config
-  cfg = parse_flags(f"--config={ROOT / 'configs/tiny.py'}", "--config.grpo.pg_prob_weight=1.0")
-  validate_config(cfg)
-  assert grpo_config(cfg).pg_prob_weight == 1.0
-  assert grpo_config(parse_flags(f"--config={ROOT / 'configs/tiny.py'}")).pg_prob_weight == 0.0
-  with pytest.raises(ConfigError, match="grpo.pg_prob_weight"):
-    validate_config(parse_flags(f"--config={ROOT / 'configs/tiny.py'}",
-                                "--config.grpo.pg_prob_weight=1.5"))
+                                f"--config.grpo.{field}={bad}"))
