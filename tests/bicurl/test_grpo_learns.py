@@ -102,7 +102,7 @@ def test_grpo_raises_a_learnable_reward(tmp_path, chat, old_logp):
   assert np.mean(hits[-2:]) > 0.7, hits
 
 
-@pytest.mark.slow  # an ablation's path, off by default (~12 s)
+@pytest.mark.slow  # an ablation's path, off by default (~35 s alone, with its compiles)
 def test_grpo_with_advantage_reweighting_still_learns(tmp_path, chat):
   """grpo.pg_prob_weight = 1 (each token's gradient that of its probability) damps the rare
   sampled tokens; the rewarded eighth starts at ~1/8 of the mass and must still be learnt."""
