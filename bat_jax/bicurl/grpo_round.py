@@ -292,9 +292,11 @@ class GrpoRound:
     self.trainer = grpo_trainer(cfg, start_model, run_mesh(cfg), round_index)
     self.ref_params = None
     if self.loss_cfg.kl_coef > 0:
-      if cfg.grpo.kl_reference == "round_start":
+      round_start = cfg.grpo.kl_reference == "round_start"
+      if round_start:  # the start params become the train state, which each step donates
         ref_params = nnx.state(start_model, nnx.Param)
-      self.ref_params = self.trainer.reference_params(ref_params, cfg.trainer.reference_dtype)
+      self.ref_params = self.trainer.reference_params(ref_params, cfg.trainer.reference_dtype,
+                                                      copy=round_start)
     self.pass_cfg = logprob_pass_config(cfg)
     self.max_len = cfg.rollout.limits.max_context_tokens or cfg.rollout.jax.max_len
     self.agent_loop = AgentLoop(

@@ -171,13 +171,16 @@ class Trainer:
     restored = ckpt.restore(self.state_target())
     return restored.state, restored
 
-  def reference_params(self, params: Any, dtype: Optional[str]) -> Any:
+  def reference_params(self, params: Any, dtype: Optional[str], *, copy: bool = False) -> Any:
     """A frozen copy of `params` cast to `dtype` on the same shardings (bf16 halves it).
-    Params already in `dtype` (the loop's bf16 SFT reference) are placed, not copied."""
+    Params already in `dtype` (the loop's bf16 SFT reference) are placed, not copied, unless
+    `copy`: params the train state will be built from must be copied, since every step
+    donates the state's buffers (a shared buffer is deleted by the first update)."""
     floats = [x.dtype for x in jax.tree.leaves(params) if jax.numpy.issubdtype(x.dtype,
                                                                                 jax.numpy.floating)]
     if dtype is None or all(d == jax.numpy.dtype(dtype) for d in floats):
-      return self.place(params)
+      placed = self.place(params)
+      return jax.tree.map(jax.numpy.copy, placed) if copy else placed
     cast = jax.jit(lambda p: cast_floating(p, dtype), in_shardings=(self.param_shardings,),
                    out_shardings=self.param_shardings)
     return cast(self.place(params))

@@ -82,15 +82,24 @@ def test_round_start_kl_reference_is_a_copy_of_the_start_policy(tmp_path, chat):
   cfg = RunConfig.from_config(fast_config(grpo__kl_reference="round_start"))
   model = setup.initial_model(cfg)
   sft = jax.tree.map(jnp.zeros_like, nnx.state(model, nnx.Param))
-  grpo = GrpoRound(cfg, 0, model, sft, types.SimpleNamespace(engine=None), chat,
-                   tmp_path / "ckpt", tmp_path / "ws")
-  ref, start = grpo.ref_params, nnx.state(model, nnx.Param)
-  for r, s in zip(jax.tree.leaves(ref), jax.tree.leaves(start)):
-    np.testing.assert_array_equal(np.asarray(r), np.asarray(s).astype(np.asarray(r).dtype))
   sft_grpo = GrpoRound(RunConfig.from_config(fast_config()), 0, model, sft,
                        types.SimpleNamespace(engine=None), chat, tmp_path / "ckpt2",
                        tmp_path / "ws2")
   assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(sft_grpo.ref_params))
+  # The start params on the run's shardings, as the loop loads a policy.
+  nnx.update(model, sft_grpo.trainer.place(nnx.state(model, nnx.Param)))
+  grpo = GrpoRound(cfg, 0, model, sft, types.SimpleNamespace(engine=None), chat,
+                   tmp_path / "ckpt", tmp_path / "ws")
+  ref, start = grpo.ref_params, nnx.state(model, nnx.Param)
+  start_values = [np.asarray(s) for s in jax.tree.leaves(start)]
+  shardings = [s.sharding for s in jax.tree.leaves(start)]
+  # The train state is built from the start params and each step donates it: deleting them
+  # (what the first update does) must leave the reference intact, on the same shardings.
+  for s in jax.tree.leaves(start):
+    s.delete()
+  for r, sharding, value in zip(jax.tree.leaves(ref), shardings, start_values):
+    assert r.sharding == sharding
+    np.testing.assert_array_equal(np.asarray(r), value.astype(np.asarray(r).dtype))
 
 
 def _episode(scores, task, spans, n=20):
