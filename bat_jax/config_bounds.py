@@ -179,6 +179,7 @@ BOUNDS: Mapping[str, Bound] = {
     "stagebank.request_timeout_s": _TIMEOUT,
     "stagebank.workers": _count(1024, "threads"),
     "evaluator.cells_per_track": _count(100_000, "cells"),
+    "evaluator.heldback_cells_per_track": _count(100_000, "cells (0: none)", lo=0),
     "evaluator.workers": _count(1024, "processes"),
     "evaluator.external.timeout_s": _TIMEOUT,
     "curriculum.temperature": _positive(100, "a softmin temperature"),

@@ -355,6 +355,9 @@ def _check_services(ck: _Checker) -> None:
   ck.one_of("workflow.action_space", workflow.ACTION_SPACES)
   ck.positive("evaluator.cells_per_track", "evaluator.workers", "evaluator.external.timeout_s")
   if ck.get("evaluator.kind") == "external":
+    if ck.get("evaluator.heldback_cells_per_track"):
+      ck.fail("evaluator.heldback_cells_per_track", "held-back cells are the built-in "
+              "evaluator's; an external benchmark holds back its own split (use 0)")
     argv = ck.get("evaluator.external.argv")
     if not argv or not all(isinstance(a, str) for a in argv):
       ck.fail("evaluator.external.argv", f"must be a non-empty list of strings, got {argv!r}")

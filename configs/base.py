@@ -421,6 +421,11 @@ def evaluator_config() -> ml_collections.ConfigDict:
   s.tier = "lite"              # lite | standard
   s.seed = 20260816            # fixes the paired cells
   s.cells_per_track = 6        # paired cells per track, fixed by evaluator.seed
+  # Held-back cells per track (evaluator.seed + 1; 0: none): after the last round the SFT and
+  # the accepted policy are scored on cells no gate decision or curriculum target has seen, so
+  # their difference carries no selection by the gate. Built-in evaluator only; not in the
+  # release (its benchmark is the teacher, and its gains are measured on the same cells).
+  s.heldback_cells_per_track = 0
   s.workers = 8
   s.external = ml_collections.ConfigDict()
   # JSON-list-style argv, no shell; placeholders {checkpoint} {request} {output}.

@@ -5,6 +5,7 @@
       Stage Bank round (requested as soon as its weights are known)
       GRPO steps (G rollouts per state_id, rubric rewards, checkpoint every k steps)
       export -> evaluate on the same paired cells -> gate (promote | hold) -> next target
+    SFT and the accepted policy on held-back cells (`evaluator.heldback_cells_per_track`)
 
 Resume: every phase writes its result under WORKDIR before the next one starts and
 `OuterState` records what is done, so `run(cfg, workdir)` on a killed run's directory
@@ -40,7 +41,8 @@ from bat_jax.bicurl.grpo_round import (GrpoRound, bucket_length, grpo_config, op
                                        run_mesh, step_config)
 from bat_jax.bicurl.policy import PolicyServer, evaluate_policy, make_policy_server
 from bat_jax.bicurl.report import build_report, headline, write_report
-from bat_jax.bicurl.state import OuterState, RoundRecord, RunPaths
+from bat_jax.bicurl.state import (OuterState, RoundRecord, RunPaths, check_same_config,
+                                  heldback_name)
 from bat_jax.pretrain import base as pretrain_base
 from bat_jax.stagebank import leakcheck
 from bat_jax.stagebank.build import load_matcher
@@ -51,7 +53,6 @@ from bat_jax.model import ModelConfig, build_model, load_pretrained
 from bat_jax.model.decoder import with_attention_impl
 from bat_jax.sft import SftConfig, pad_example, run_sft, sft_loss_fn
 from bat_jax.train import Trainer, cast_floating, placement, split_model
-from bat_jax.io_utils import atomic_write_json
 from bat_jax.sandbox import safe_fs
 from bat_jax.model.chat_format import ChatFormat
 
@@ -231,32 +232,39 @@ def _validation_nll(model: nnx.Module, examples: list, *, max_len: int, pad_id: 
 
 def _evaluate(cfg: RunConfig, state: OuterState, paths: RunPaths,
               server: PolicyServer, chat_format: ChatFormat, model: nnx.Module, name: str,
-              eval_index: int, tracker: _Tracker) -> dict[str, Any]:
+              eval_index: int, tracker: _Tracker, *, heldback: bool = False) -> dict[str, Any]:
   """Serves `model` and evaluates it (cached per policy name); records the headline, logged at
-  step `eval_index` (0 = SFT, r + 1 = round r). Multi-host: process 0 evaluates, the others
-  read its cached report."""
+  step `eval_index` (0 = SFT, r + 1 = round r). `heldback`: on the held-back cells instead,
+  recorded as `heldback_name(name)`. Multi-host: process 0 evaluates, the others read its
+  cached report."""
+  record = heldback_name(name) if heldback else name
+  if heldback:
+    cfg = dataclasses.replace(cfg, evaluation=cfg.evaluation.heldback(
+        cfg.evaluator.heldback_cells_per_track))
   with state.timed("evaluation"):
-    multihost.barrier(f"evaluate {name}: exported")
-    if not paths.eval_report(name).is_file():
-      server.load(model, name)  # every process: loading joins collectives over the shards
+    multihost.barrier(f"evaluate {record}: exported")
+    if not paths.eval_report(record).is_file():
+      server.load(model, record)  # every process: loading joins collectives over the shards
     if not multihost.is_primary():
-      multihost.barrier(f"evaluate {name}: done")
-    bar = tracker.bar(0, f"evaluate {name}")
+      multihost.barrier(f"evaluate {record}: done")
+    bar = tracker.bar(0, f"evaluate {record}")
 
     def progress(done: int, total: int, record: dict) -> None:
       del record
       bar.total, bar.n = total, done
       bar.refresh()
 
-    report = evaluate_policy(cfg, server, chat_format, paths.policy(name), paths.eval_report(name),
-                             paths.eval_records(name), progress=progress)
+    report = evaluate_policy(cfg, server, chat_format, paths.policy(name),
+                             paths.eval_report(record), paths.eval_records(record),
+                             progress=progress)
     bar.close()
     if multihost.is_primary():
-      multihost.barrier(f"evaluate {name}: done")
-  state.evaluations[name] = {**headline(report), "params_sha256": params_digest(model)}
-  tracker.scalars("eval", {"overall": report["overall"], "task": report["task_score"],
-                           **{s: v for s, v in report["stage_scores"].items()}}, eval_index)
-  log.info("evaluation %s: overall %s, stages %s", name, report["overall"],
+      multihost.barrier(f"evaluate {record}: done")
+  state.evaluations[record] = {**headline(report), "params_sha256": params_digest(model)}
+  tracker.scalars("eval_heldback" if heldback else "eval",
+                  {"overall": report["overall"], "task": report["task_score"],
+                   **{s: v for s, v in report["stage_scores"].items()}}, eval_index)
+  log.info("evaluation %s: overall %s, stages %s", record, report["overall"],
            report["stage_scores"])
   return report
 
@@ -273,30 +281,6 @@ def prune_rounds(paths: RunPaths, state: OuterState, keep: int) -> list[int]:
     if round_dirname(r) != state.baseline:
       shutil.rmtree(paths.policy(round_dirname(r)), ignore_errors=True)
   return pruned
-
-
-def check_same_config(cfg: ml_collections.ConfigDict, path: Path) -> None:
-  """Records the run's config; a resume with different values (`logging` aside) is refused,
-  naming every field that differs, since it would mix two experiments in one directory."""
-  current = json.loads(cfg.to_json_best_effort(sort_keys=True))
-  if not path.is_file():
-    if multihost.is_primary():
-      atomic_write_json(path, current)
-    return
-  saved = json.loads(path.read_text())
-  changed = sorted(k for k in set(saved) | set(current)
-                   if k != "logging" and saved.get(k) != current.get(k))
-  if changed:
-    diffs = [f"{k}: {_diff(saved.get(k), current.get(k))}" for k in changed]
-    raise ValueError(f"{path.parent} holds a run with another config; changed sections: "
-                     + "; ".join(diffs) + ". Use a new --workdir.")
-
-
-def _diff(saved: Any, current: Any, prefix: str = "") -> str:
-  if isinstance(saved, dict) and isinstance(current, dict):
-    return ", ".join(_diff(saved.get(k), current.get(k), f"{prefix}{k}.")
-                     for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k))
-  return f"{prefix.rstrip('.') or 'value'} {saved!r} -> {current!r}"
 
 
 def _save(state: OuterState, paths: RunPaths) -> None:
@@ -439,6 +423,15 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any
       log.info("round %d: target %s, gate %s%s", r, state.rounds[-1].target,
                "pass" if decision.passed else "hold",
                "" if decision.passed else f" ({'; '.join(decision.reasons)})")
+
+    # ============================== held-back cells: the accepted policy's score, unselected
+    # The gate chose among rounds on the cells above; on cells it never saw, the accepted
+    # policy's change over SFT is free of that selection. Nothing to score when none passed.
+    if cfg.evaluator.heldback_cells_per_track and state.baseline != "sft":
+      for i, name in enumerate(("sft", state.baseline)):
+        _evaluate(cfg, state, paths, server, chat_format,
+                  setup.load_policy(cfg, paths.policy(name), mesh), name, i, tracker,
+                  heldback=True)
 
     # ============================================================================ report
     _save(state, paths)

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from bat_jax import workflow  # noqa: E402
-from bat_jax.bicurl.state import OuterState  # noqa: E402
+from bat_jax.bicurl.state import OuterState, heldback_name  # noqa: E402
 from bat_jax.io_utils import atomic_write_json, atomic_write_text  # noqa: E402
 from bat_jax.stats import paired_change, standard_error  # noqa: E402,F401  (re-exported)
 
@@ -98,6 +98,13 @@ def build_report(state: OuterState) -> dict[str, Any]:
                     "stage_changes": changes}
                  for r, changes in zip(state.rounds, stage_changes)],
       "accepted_vs_sft": _change(state, "sft", state.baseline),
+      # None unless held-back cells were scored (`evaluator.heldback_cells_per_track`, and a
+      # round was promoted): the same change on cells no gate decision saw.
+      "accepted_vs_sft_heldback": _change(state, heldback_name("sft"),
+                                          heldback_name(state.baseline or "sft")),
+      "heldback_evaluations": [{"policy": n, **state.evaluations[heldback_name(n)]}
+                               for n in dict.fromkeys(("sft", state.baseline))
+                               if heldback_name(n) in state.evaluations],
       "steps": [{"round": r.round, **s} for r in state.rounds for s in r.steps],
       "baseline": state.baseline,
       "phase_seconds": {k: round(v, 2) for k, v in state.phase_seconds.items()},
@@ -260,6 +267,12 @@ def markdown(report: dict[str, Any]) -> str:
   if accepted:
     lines += ["", f"Accepted policy `{report['baseline']}` minus the SFT policy: "
               f"{_change_text(accepted)} (paired over {accepted['cells']} cells)."]
+  heldback = report.get("accepted_vs_sft_heldback")
+  if heldback:
+    lines += ["", f"On {heldback['cells']} held-back cells (no gate decision or target saw "
+              f"them): {_change_text(heldback)}; " + ", ".join(
+                  f"`{e['policy']}` {_fmt(e['overall'])}"
+                  for e in report["heldback_evaluations"]) + "."]
   lines += ["", "## Wall time per phase (s)", "", "| phase | seconds |", "|---|---:|"]
   lines += [f"| {k} | {v:.1f} |" for k, v in report["phase_seconds"].items()]
   base = report.get("pretrain")
@@ -360,7 +373,9 @@ def run_summary(report: dict[str, Any], workdir: str | Path) -> str:
       f"held-out overall: {trail}",
       f"{report['baseline']} per stage: {stages}"
       + ("" if not report.get("accepted_vs_sft") else
-         f"; minus SFT {_change_text(report['accepted_vs_sft'])} (paired per cell)"),
+         f"; minus SFT {_change_text(report['accepted_vs_sft'])} (paired per cell)")
+      + ("" if not report.get("accepted_vs_sft_heldback") else
+         f"; on the held-back cells {_change_text(report['accepted_vs_sft_heldback'])}"),
       f"report:   {workdir / 'report.md'} (data: report.json)",
       "plots:    " + ", ".join(str(workdir / p) for p in PLOTS),
       f"policies: {policies}/{{{','.join(kept)}}}"])

@@ -9,11 +9,13 @@ run killed at any point (SIGKILL included) restarts at the first unfinished phas
   ckpt/sft/                  orbax: cold-start SFT (train state + data position)
   ckpt/round_NNNNNN/         orbax: GRPO of one round (train state + reader state + round log)
   policies/<name>/           HF safetensors export of every evaluated policy (sft, round_NNNNNN)
-  evals/<name>.json          the aggregate report of each evaluation (cached: re-run skipped)
+  evals/<name>.json          the aggregate report of each evaluation (cached: re-run skipped);
+                             heldback_<policy>.json on the held-back cells
   eval_records/<name>/       evaluator-side cell records (never read by training)
   eval_secret                the run secret keying the held-out cells' seeds (0600; never in
                              a sandbox): every evaluation of the run, resumed ones included,
                              sees the same cells
+  config.json                the run's config (`check_same_config`: a resume must match it)
   tb/                        TensorBoard events
   report.json, report.md, *.png
 """
@@ -27,6 +29,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+import ml_collections
+
+from bat_jax.bicurl import multihost
 from bat_jax.io_utils import atomic_write_json
 from bat_jax.stagebank.rounds import RoundWeights
 from bat_jax.stagebank.shards import round_dirname
@@ -170,3 +175,32 @@ class OuterState:
     finally:
       # .get: a state saved before a phase existed lacks its key
       self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + time.monotonic() - start
+
+
+def heldback_name(policy: str) -> str:
+  """The record name of `policy`'s evaluation on the held-back cells (`evals/<it>.json`)."""
+  return f"heldback_{policy}"
+
+
+def check_same_config(cfg: ml_collections.ConfigDict, path: Path) -> None:
+  """Records the run's config; a resume with different values (`logging` aside) is refused,
+  naming every field that differs, since it would mix two experiments in one directory."""
+  current = json.loads(cfg.to_json_best_effort(sort_keys=True))
+  if not path.is_file():
+    if multihost.is_primary():
+      atomic_write_json(path, current)
+    return
+  saved = json.loads(path.read_text())
+  changed = sorted(k for k in set(saved) | set(current)
+                   if k != "logging" and saved.get(k) != current.get(k))
+  if changed:
+    diffs = [f"{k}: {_diff(saved.get(k), current.get(k))}" for k in changed]
+    raise ValueError(f"{path.parent} holds a run with another config; changed sections: "
+                     + "; ".join(diffs) + ". Use a new --workdir.")
+
+
+def _diff(saved: Any, current: Any, prefix: str = "") -> str:
+  if isinstance(saved, dict) and isinstance(current, dict):
+    return ", ".join(_diff(saved.get(k), current.get(k), f"{prefix}{k}.")
+                     for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k))
+  return f"{prefix.rstrip('.') or 'value'} {saved!r} -> {current!r}"

@@ -36,6 +36,15 @@ class EvalSettings:
     return cells_lib.make_cells(self.seed, self.cells_per_track, self.tier, self.tracks,
                                 self.action_space, secret=self.secret)
 
+  def heldback(self, cells_per_track: int) -> "EvalSettings":
+    """The held-back split: the same secret, tier, tracks and limits under the next evaluator
+    seed, so its cells share no task with these (checked: a shared cell raises)."""
+    split = dataclasses.replace(self, seed=self.seed + 1, cells_per_track=cells_per_track)
+    shared = {c.seed for c in self.cells()} & {c.seed for c in split.cells()}
+    if shared:
+      raise RuntimeError(f"held-back cells share {len(shared)} task(s) with the gate's cells")
+    return split
+
 
 def evaluate(agent: str | AgentFactory, records_dir: Path, *,
              settings: EvalSettings = EvalSettings(),

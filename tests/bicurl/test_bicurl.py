@@ -21,7 +21,7 @@ from bat_jax.bicurl import OuterState, RoundRecord, RunPaths, run
 from bat_jax.bicurl.grpo_round import bucket_length, grpo_config, rollout_batch
 from bat_jax.bicurl.report import PLOTS, build_report, headline, markdown
 from bat_jax.bicurl.setup import sft_states
-from bat_jax.bicurl.state import STATE_FILE
+from bat_jax.bicurl.state import STATE_FILE, heldback_name
 from bat_jax.rollout import Trajectory
 from bat_jax.stagebank import grid, shards
 from configs import tiny
@@ -278,8 +278,39 @@ def test_end_to_end_rerun_of_a_finished_run_returns_its_report(finished_run):
   assert run(cfg, paths.workdir)["evaluations"] == report["evaluations"]
 
 
+def test_end_to_end_scores_the_accepted_policy_on_heldback_cells(finished_run, tmp_path):
+  """After the last round the SFT and the accepted policy are scored on held-back cells (the
+  same measurement, tasks no gate saw). When no round of the shared run passed, a copy of it
+  with its last round promoted by hand runs the same final phase (the rounds are done, so
+  `run` goes straight to it)."""
+  cfg, paths, report = finished_run
+  assert cfg.evaluator.heldback_cells_per_track >= 1
+  if report["baseline"] == "sft":
+    assert report["accepted_vs_sft_heldback"] is None and not report["heldback_evaluations"]
+    assert not paths.eval_report(heldback_name("sft")).exists()
+    shutil.copytree(paths.workdir, tmp_path / "run", symlinks=True)
+    paths = RunPaths(tmp_path / "run")
+    state = OuterState.load(paths.workdir)
+    state.baseline = state.rounds[-1].candidate
+    state.save(paths.workdir)
+    report = run(cfg, paths.workdir)
+  state, accepted = OuterState.load(paths.workdir), report["baseline"]
+  digest = lambda name: json.loads(paths.eval_report(name).read_text())["cell_set_digest"]
+  cell_keys = lambda name: {p.name for p in (paths.eval_records(name) / "cells").glob("*.json")}
+  for policy in ("sft", accepted):
+    name = heldback_name(policy)
+    assert digest(name) == digest(heldback_name("sft")) != digest("sft")
+    assert cell_keys(name) and not cell_keys(name) & cell_keys("sft")
+    # The policy scored is the one the gate scored (the same params).
+    assert state.evaluations[name]["params_sha256"] == state.evaluations[policy]["params_sha256"]
+  change = report["accepted_vs_sft_heldback"]
+  assert change["cells"] == cfg.evaluator.heldback_cells_per_track * len(workflow.TRACKS)
+  assert [e["policy"] for e in report["heldback_evaluations"]] == ["sft", accepted]
+  assert "held-back cells" in (paths.workdir / "report.md").read_text()
+
+
 def test_resume_with_another_config_is_refused_naming_the_field(tmp_path):
-  from bat_jax.bicurl.loop import check_same_config
+  from bat_jax.bicurl.state import check_same_config
   check_same_config(fast_config(), tmp_path / "config.json")
   check_same_config(fast_config(logging__tensorboard=False), tmp_path / "config.json")  # ok
   lr = fast_config().grpo.lr

@@ -210,6 +210,30 @@ def test_each_round_and_the_accepted_policy_show_their_paired_change():
   assert build_report(state)["rounds"][0]["change"] is None
 
 
+def test_the_heldback_change_is_paired_on_its_own_cells_and_shown_when_scored():
+  """Held-back cells: the accepted policy minus SFT on cells no gate saw, paired per cell; no
+  line (and None) when they were not scored."""
+  before = [_cell(t, s, 0.5) for t, s in _CELLS]
+  state = _one_round(before, [_cell(t, s, 0.8) for t, s in _CELLS], passed=True)
+  assert build_report(state)["accepted_vs_sft_heldback"] is None
+  assert "held-back" not in markdown(build_report(state))
+  lost = [_cell(t, s, 0.2 if (t, s) == _CELLS[1] else 0.5) for t, s in _CELLS]
+  for name, records in (("heldback_sft", before), ("heldback_round_000000", lost)):
+    state.evaluations[name] = headline(aggregation.aggregate(
+        records, tier="lite", protocol_digest="a" * 64, cell_set_digest="c" * 64))
+  report = build_report(state)
+  se = standard_error([-0.3, 0, 0, 0, 0, 0])
+  assert report["accepted_vs_sft_heldback"] == pytest.approx({"mean": -0.05, "se": se,
+                                                              "cells": 6})
+  assert report["accepted_vs_sft"]["mean"] == pytest.approx(0.3)  # the gate's cells
+  assert [e["policy"] for e in report["heldback_evaluations"]] == ["sft", "round_000000"]
+  assert [e["policy"] for e in report["evaluations"]] == ["sft", "round_000000"]
+  assert (f"On 6 held-back cells (no gate decision or target saw them): -0.050 ± {se:.3f}; "
+          "`sft` 0.500, `round_000000` 0.450.") in markdown(report)
+  assert run_summary(report, "/tmp/run").splitlines()[2].endswith(
+      f"; on the held-back cells -0.050 ± {se:.3f}")
+
+
 def test_each_round_shows_every_stage_change_with_its_paired_error():
   """A round's per-stage changes (and its target's) are means of per-cell changes with the
   paired SE: one cell of six losing S3 is -1/6 ± 1/6, not a bare -0.167 to hold a round on."""

@@ -56,3 +56,16 @@ def test_settings_follow_the_run_config():
   assert settings.limits == run.rollout.limits == RolloutLimits()  # the training rollouts'
   assert settings.sandbox_limits == run.sandbox == SandboxLimits()
   assert len(settings.cells()) == cfg.evaluator.cells_per_track * len(workflow.TRACKS)
+
+
+def test_heldback_cells_share_the_measurement_but_no_task():
+  from bat_jax.evaluator.evaluate import EvalSettings
+  gate = EvalSettings(seed=7, cells_per_track=4, secret=KEY)
+  heldback = gate.heldback(3)
+  assert (heldback.secret, heldback.tier, heldback.limits) == (gate.secret, gate.tier,
+                                                                gate.limits)
+  cells = heldback.cells()
+  assert len(cells) == 3 * len(workflow.TRACKS)
+  assert not {c.seed for c in cells} & {c.seed for c in gate.cells()}
+  assert cell_set_digest(cells) != cell_set_digest(gate.cells())
+  assert heldback.cells() == cells  # fixed by the run secret, like the gate's
