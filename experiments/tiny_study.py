@@ -173,6 +173,36 @@ def final_table(reports: sweep.Reports, reference: str = "uniform") -> list[str]
   return lines
 
 
+def _heldback_gain(report: dict[str, Any]) -> Optional[float]:
+  """The accepted policy minus SFT on the held-back cells (`accepted_vs_sft_heldback`): 0 when
+  the gate promoted nothing (the accepted policy is SFT); None for a run without them."""
+  change = report.get("accepted_vs_sft_heldback")
+  if change is not None:
+    return change["mean"]
+  return 0.0 if report["baseline"] == "sft" else None
+
+
+def heldback_table(reports: sweep.Reports, reference: str = "uniform") -> list[str]:
+  """Per mode, the accepted policy's change over SFT on cells no gate decision or target saw,
+  and its paired difference to `reference`; no table when no run has held-back cells."""
+  gains = {mode: {s: g for s, r in by_seed.items() if (g := _heldback_gain(r)) is not None}
+           for mode, by_seed in reports.items()}
+  rows = []
+  for mode, by_seed in gains.items():
+    if by_seed:
+      paired = [g - gains.get(reference, {})[s] for s, g in by_seed.items()
+                if s in gains.get(reference, {})]
+      rows.append(f"| {mode} | {len(by_seed)} | {_pm(list(by_seed.values()))} | "
+                  f"{_pm(paired) if mode != reference else '-'} |")
+  if not rows:
+    return []
+  return ["## Accepted policy minus SFT on the held-back cells", "",
+          "`evaluator.heldback_cells_per_track` cells a track that no gate decision or target "
+          "saw; 0 for a seed whose gate promoted nothing.", "",
+          f"| mode | seeds | accepted - SFT, held back | - {reference} (paired) |",
+          "|---|---:|---:|---:|"] + rows + [""]
+
+
 def _target_lines(reports: sweep.Reports) -> list[str]:
   lines = ["## Each round's target stage, before and after its round", "",
            "Modes that target no stage (uniform, e2e_only) have no rows here.", "",
@@ -194,6 +224,7 @@ def _target_lines(reports: sweep.Reports) -> list[str]:
 
 def markdown(reports: sweep.Reports) -> str:
   lines = [sweep.scores_markdown(reports, "Tiny study")] + final_table(reports)
+  lines += heldback_table(reports)
   lines += _target_lines(reports)
   lines += ["", "## Loop health", "", "| mode | seed | reward mean per round | "
             "GRPO steps applied |", "|---|---:|---|---:|"]

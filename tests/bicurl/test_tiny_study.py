@@ -100,6 +100,19 @@ def test_accepted_table_follows_the_gate():
   assert "| argmin | 1 | 0.400 | 0.100 | 0.100 |" in accepted  # handed on: 0.4 vs SFT 0.3
 
 
+def test_heldback_table_pairs_the_unselected_change_and_counts_a_held_run_as_zero():
+  promoted = dict(_report([0.3, 0.4], [0.1, 0.5], 2), baseline="round_000000",
+                  accepted_vs_sft_heldback={"mean": 0.06, "se": 0.03, "cells": 42})
+  held = _report([0.3, 0.6], [0.1, 0.5], 2)                   # hands on SFT: 0 held back
+  older = dict(_report([0.3, 0.4], [0.1, 0.5], 2), baseline="round_000000")  # no field
+  md = tiny_study.markdown({"argmin": {0: promoted, 1: held, 2: older},
+                            "uniform": {0: held, 1: promoted}})
+  table = md[md.index("## Accepted policy minus SFT on the held-back cells"):]
+  assert "| argmin | 2 | 0.030 ± 0.030 | 0.000 ± 0.060 |" in table   # seeds 0, 1 paired
+  assert "| uniform | 2 | 0.030 ± 0.030 | - |" in table
+  assert "held-back" not in tiny_study.markdown({"argmin": {0: older}})
+
+
 def _round(mode):
   stage_w = ({s: float(s == "S3") for s in workflow.STAGES} if mode == "argmin"
              else {s: 0.2 for s in workflow.STAGES})
