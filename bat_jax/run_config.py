@@ -18,6 +18,7 @@ from ml_collections import ConfigDict
 
 from bat_jax import config_validation
 from bat_jax.curriculum import CurriculumConfig
+from bat_jax.evaluator.cells import Cell
 from bat_jax.evaluator.evaluate import EvalSettings
 from bat_jax.evaluator.external import ExternalEvaluator
 from bat_jax.gate import GateThresholds
@@ -64,6 +65,14 @@ class RunConfig:
   curriculum: CurriculumConfig
   gate: GateThresholds
   logging: ConfigDict
+
+  def heldout_cells(self) -> tuple[Cell, ...]:
+    """Every held-out cell the run evaluates: the gate's and the held-back ones
+    (`evaluator.heldback_cells_per_track`). The leak check's markers and the tiny base's cache
+    key are built from all of them: training must see neither set."""
+    heldback = self.evaluator.heldback_cells_per_track
+    return self.evaluation.cells() + (self.evaluation.heldback(heldback).cells()
+                                      if heldback else ())
 
   @classmethod
   def from_config(cls, cfg: ConfigDict) -> "RunConfig":

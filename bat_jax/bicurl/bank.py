@@ -27,9 +27,10 @@ log = logging.getLogger(__name__)
 
 
 def write_markers(cfg: RunConfig, path: Path) -> Path:
-  """The held-out cells' hashed markers for the bank's leak check (written once per run)."""
+  """The held-out cells' hashed markers for the bank's leak check (written once per run): the
+  gate's cells and the held-back ones."""
   if not path.is_file():
-    write_export(export_cells(cfg.evaluation.cells()), path)
+    write_export(export_cells(cfg.heldout_cells()), path)
   return path
 
 

@@ -136,7 +136,7 @@ def _tiny_base(cfg: RunConfig, paths: RunPaths, tokenizer_dir: Path) -> tuple[Pa
   """The tiny base's HF folder and record (`bat_jax.pretrain.base`: built once, then cached)."""
   pcfg = pretrain_base.PretrainConfig.from_config(cfg.pretrain)
   checker = leakcheck.LeakChecker(load_matcher(paths.markers))
-  cells = json.dumps([dataclasses.asdict(c) for c in cfg.evaluation.cells()], sort_keys=True)
+  cells = json.dumps([dataclasses.asdict(c) for c in cfg.heldout_cells()], sort_keys=True)
   return pretrain_base.ensure_base(_scratch_builder(cfg, pcfg.seed), pcfg,
                                    cfg.model.hf_config.to_dict(), tokenizer_dir, checker,
                                    mesh=run_mesh(cfg), rules=tuple(cfg.sharding.rules),

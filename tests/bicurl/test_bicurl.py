@@ -315,6 +315,23 @@ def test_end_to_end_scores_the_accepted_policy_on_heldback_cells(finished_run, t
   assert "held-back cells" in (copy.workdir / "report.md").read_text()
 
 
+@pytest.mark.parametrize("heldback", [0, 2])
+def test_the_leak_markers_cover_the_heldback_cells(tmp_path, heldback):
+  """Training never sees held-back content: the Stage Bank's (and the tiny base's) markers are
+  written from the gate's cells and the held-back ones."""
+  from bat_jax.bicurl.bank import write_markers
+  from bat_jax.run_config import RunConfig
+  from bat_jax.stagebank.build import load_matcher
+  cfg = RunConfig.from_config(fast_config(evaluator__heldback_cells_per_track=heldback))
+  cfg = dataclasses.replace(cfg, evaluation=dataclasses.replace(cfg.evaluation, secret="ab" * 32))
+  matcher = load_matcher(write_markers(cfg, tmp_path / "markers.json"))
+  probe = dataclasses.replace(cfg.evaluation, secret="ab" * 32).heldback(2).cells()
+  found = [bool(matcher.find({"text": f"see task {c.instance().task_id}"})) for c in probe]
+  assert all(found) if heldback else not any(found)
+  assert len(cfg.heldout_cells()) == (cfg.evaluator.cells_per_track + heldback) * len(
+      workflow.TRACKS)
+
+
 def test_resume_with_another_config_is_refused_naming_the_field(tmp_path):
   from bat_jax.bicurl.state import check_same_config
   check_same_config(fast_config(), tmp_path / "config.json")
