@@ -280,39 +280,33 @@ def test_end_to_end_rerun_of_a_finished_run_returns_its_report(finished_run):
 
 def test_end_to_end_scores_the_accepted_policy_on_heldback_cells(finished_run, tmp_path):
   """After the last round the SFT and the accepted policy are scored on held-back cells (the
-  same measurement, tasks no gate saw). The final phase runs again in a copy of the shared
-  run (its rounds done, so `run` goes straight to it): with those scores removed, which must
-  come back the same (greedy), or, when no round passed, with the last round promoted by
-  hand."""
+  same measurement, tasks no gate saw). When no round of the shared run passed, a copy of it
+  with its last round promoted by hand runs the same final phase (its rounds are done, so
+  `run` goes straight to it)."""
   cfg, paths, report = finished_run
   assert cfg.evaluator.heldback_cells_per_track >= 1
   if report["baseline"] == "sft":
     assert report["accepted_vs_sft_heldback"] is None and not report["heldback_evaluations"]
-  shutil.copytree(paths.workdir, tmp_path / "run", symlinks=True)
-  copy = RunPaths(tmp_path / "run")
-  state = OuterState.load(copy.workdir)
-  state.baseline = state.baseline if state.baseline != "sft" else state.rounds[-1].candidate
-  for policy in ("sft", state.baseline):
-    state.evaluations.pop(heldback_name(policy), None)
-    copy.eval_report(heldback_name(policy)).unlink(missing_ok=True)
-    shutil.rmtree(copy.eval_records(heldback_name(policy)), ignore_errors=True)
-  state.save(copy.workdir)
-  rerun = run(cfg, copy.workdir)  # inside the fixture's XLA cache: its compiles are reused
-  if report["baseline"] != "sft":
-    assert rerun["accepted_vs_sft_heldback"] == report["accepted_vs_sft_heldback"]
-  state, accepted = OuterState.load(copy.workdir), rerun["baseline"]
-  digest = lambda name: json.loads(copy.eval_report(name).read_text())["cell_set_digest"]
-  cell_keys = lambda name: {p.name for p in (copy.eval_records(name) / "cells").glob("*.json")}
+    assert not paths.eval_report(heldback_name("sft")).exists()
+    shutil.copytree(paths.workdir, tmp_path / "run", symlinks=True)
+    paths = RunPaths(tmp_path / "run")
+    state = OuterState.load(paths.workdir)
+    state.baseline = state.rounds[-1].candidate
+    state.save(paths.workdir)
+    report = run(cfg, paths.workdir)  # inside the fixture's XLA cache: its compiles are reused
+  state, accepted = OuterState.load(paths.workdir), report["baseline"]
+  digest = lambda name: json.loads(paths.eval_report(name).read_text())["cell_set_digest"]
+  cell_keys = lambda name: {p.name for p in (paths.eval_records(name) / "cells").glob("*.json")}
   for policy in ("sft", accepted):
     name = heldback_name(policy)
     assert digest(name) == digest(heldback_name("sft")) != digest("sft")
     assert cell_keys(name) and not cell_keys(name) & cell_keys("sft")
     # The policy scored is the one the gate scored (the same params).
     assert state.evaluations[name]["params_sha256"] == state.evaluations[policy]["params_sha256"]
-  change = rerun["accepted_vs_sft_heldback"]
+  change = report["accepted_vs_sft_heldback"]
   assert change["cells"] == cfg.evaluator.heldback_cells_per_track * len(workflow.TRACKS)
-  assert [e["policy"] for e in rerun["heldback_evaluations"]] == ["sft", accepted]
-  assert "held-back cells" in (copy.workdir / "report.md").read_text()
+  assert [e["policy"] for e in report["heldback_evaluations"]] == ["sft", accepted]
+  assert "held-back cells" in (paths.workdir / "report.md").read_text()
 
 
 @pytest.mark.parametrize("heldback", [0, 2])
