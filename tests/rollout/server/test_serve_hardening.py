@@ -98,7 +98,7 @@ ATTACKS = [
         "name": "f", "parameters": {"type": "object", "properties": []}}}]), {400}),
     ("tools-200", chat(tools=[{"type": "function", "function": {"name": f"f{i}"}}
                               for i in range(200)]), {400}),
-    ("tools-deep-schema", deep_schema_chat(450), {400, 200}),
+    ("tools-deep-schema", deep_schema_chat(450), {400}),   # over MAX_SCHEMA_DEPTH, checked first
     ("tools-deeper-schema", deep_schema_chat(5000), {400}),
     ("tool_choice-unknown", chat(tools=[{"type": "function", "function": {"name": "f"}}],
                                  tool_choice={"type": "function",
@@ -245,3 +245,20 @@ def test_stalled_headers_get_408_after_the_deadline(model, tokenizer, chat):
     httpd.shutdown()
     httpd.server_close()
     app.close()
+
+
+def test_a_tool_schema_nested_past_the_limit_is_refused_by_name():
+  from bat_jax.rollout.server import openai_api as api
+  from bat_jax.rollout.server.params import RequestError
+  assert api._nesting({"a": [1, {"b": 2}]}) == 3 and api._nesting(7) == 0
+
+  def tool(depth):   # parameters that nest exactly `depth` levels
+    chain = {}
+    for _ in range(depth - 3):
+      chain = {"a": chain}
+    return {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": chain}}}}
+  assert api._nesting(tool(api.MAX_SCHEMA_DEPTH)["function"]["parameters"]) == api.MAX_SCHEMA_DEPTH
+  api._check_tool(tool(api.MAX_SCHEMA_DEPTH), "tools[0]")
+  with pytest.raises(RequestError, match=r"tools\[0\].function.parameters nests deeper than 64"):
+    api._check_tool(tool(api.MAX_SCHEMA_DEPTH + 1), "tools[0]")
