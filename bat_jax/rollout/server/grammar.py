@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from bat_jax.rollout.server.params import RequestError, brief, obj
+from bat_jax.rollout.server.params import RequestError, brief, obj, shallow_schema
 
 _JSON_OPTIONS = {"whitespace_flexible": False}
 MAX_GRAMMAR_CHARS = 1 << 20
@@ -76,6 +76,7 @@ def json_schema_grammar(schema: Any, field: str) -> str:
       raise RequestError(f"{field} is not valid JSON: {e}") from None
   if not isinstance(schema, (dict, bool)):
     raise RequestError(f"{field} must be a JSON schema object, got {brief(schema)}")
+  shallow_schema(schema, field)
   if len(json.dumps(schema)) > MAX_GRAMMAR_CHARS:
     raise RequestError(f"{field} is longer than {MAX_GRAMMAR_CHARS} characters")
   try:

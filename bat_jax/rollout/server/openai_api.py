@@ -28,8 +28,6 @@ CHAT_FIELDS = frozenset({
 _ONLY_DEFAULT = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "logit_bias": None}
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MAX_TOOLS = 128
-# A tool's parameter schema nests at most this deep (rendering and argument checks recurse).
-MAX_SCHEMA_DEPTH = 64
 
 
 class OpenAIChat:
@@ -350,9 +348,7 @@ def _check_tool(tool: Any, field: str) -> None:
   if fn.get("description") is not None and not isinstance(fn["description"], str):
     raise RequestError(f"{field}.function.description must be a string")
   params = P.obj(fn.get("parameters", {"type": "object"}), f"{field}.function.parameters")
-  if _nesting(params) > MAX_SCHEMA_DEPTH:  # before any recursive rendering of it
-    raise RequestError(f"{field}.function.parameters nests deeper than {MAX_SCHEMA_DEPTH} "
-                       "levels")
+  P.shallow_schema(params, f"{field}.function.parameters")  # before any recursive rendering
   if params.get("type", "object") != "object":
     raise RequestError(f"{field}.function.parameters.type must be 'object'")
   props = P.obj(params.get("properties", {}), f"{field}.function.parameters.properties")
@@ -361,17 +357,6 @@ def _check_tool(tool: Any, field: str) -> None:
   required = params.get("required", [])
   if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
     raise RequestError(f"{field}.function.parameters.required must be a list of strings")
-
-
-def _nesting(value: Any) -> int:
-  """How deep `value`'s dicts and lists nest (iterative: no recursion limit to hit)."""
-  deepest, stack = 0, [(value, 1)]
-  while stack:
-    node, depth = stack.pop()
-    if isinstance(node, (dict, list)):
-      deepest = max(deepest, depth)
-      stack.extend((v, depth + 1) for v in (node.values() if isinstance(node, dict) else node))
-  return deepest
 
 
 @functools.lru_cache(maxsize=32)

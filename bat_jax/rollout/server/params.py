@@ -51,6 +51,29 @@ def obj(value: Any, field: str) -> dict:
   return value
 
 
+# A JSON schema (a tool's parameters, a response format) nests at most this deep: rendering,
+# serialising and grammar building recurse over it.
+MAX_SCHEMA_DEPTH = 64
+
+
+def nesting(value: Any) -> int:
+  """How deep `value`'s dicts and lists nest (iterative: no recursion limit to hit)."""
+  deepest, stack = 0, [(value, 1)]
+  while stack:
+    node, depth = stack.pop()
+    if isinstance(node, (dict, list)):
+      deepest = max(deepest, depth)
+      stack.extend((v, depth + 1) for v in (node.values() if isinstance(node, dict) else node))
+  return deepest
+
+
+def shallow_schema(schema: Any, field: str) -> Any:
+  """`schema`, refused with a 400 naming `field` when it nests past MAX_SCHEMA_DEPTH."""
+  if nesting(schema) > MAX_SCHEMA_DEPTH:
+    raise RequestError(f"{field} nests deeper than {MAX_SCHEMA_DEPTH} levels")
+  return schema
+
+
 def no_unknown(body: Mapping, allowed, where: str) -> None:
   unknown = sorted(str(k) for k in set(body) - set(allowed))
   if unknown:

@@ -247,18 +247,26 @@ def test_stalled_headers_get_408_after_the_deadline(model, tokenizer, chat):
     app.close()
 
 
-def test_a_tool_schema_nested_past_the_limit_is_refused_by_name():
+def test_a_schema_nested_past_the_limit_is_refused_by_name():
+  """Tool parameters and response-format schemas share one depth limit, checked before any
+  recursive rendering, serialising or grammar building."""
   from bat_jax.rollout.server import openai_api as api
+  from bat_jax.rollout.server import params as P
+  from bat_jax.rollout.server.grammar import response_format_grammar
   from bat_jax.rollout.server.params import RequestError
-  assert api._nesting({"a": [1, {"b": 2}]}) == 3 and api._nesting(7) == 0
+  assert P.nesting({"a": [1, {"b": 2}]}) == 3 and P.nesting(7) == 0
 
-  def tool(depth):   # parameters that nest exactly `depth` levels
+  def params(depth):   # a schema that nests exactly `depth` levels
     chain = {}
     for _ in range(depth - 3):
       chain = {"a": chain}
-    return {"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": chain}}}}
-  assert api._nesting(tool(api.MAX_SCHEMA_DEPTH)["function"]["parameters"]) == api.MAX_SCHEMA_DEPTH
-  api._check_tool(tool(api.MAX_SCHEMA_DEPTH), "tools[0]")
+    return {"type": "object", "properties": {"a": chain}}
+  tool = lambda depth: {"type": "function", "function": {"name": "f", "parameters": params(depth)}}
+  assert P.nesting(params(P.MAX_SCHEMA_DEPTH)) == P.MAX_SCHEMA_DEPTH
+  api._check_tool(tool(P.MAX_SCHEMA_DEPTH), "tools[0]")
   with pytest.raises(RequestError, match=r"tools\[0\].function.parameters nests deeper than 64"):
-    api._check_tool(tool(api.MAX_SCHEMA_DEPTH + 1), "tools[0]")
+    api._check_tool(tool(P.MAX_SCHEMA_DEPTH + 1), "tools[0]")
+  deep = {"type": "json_schema", "json_schema": {"name": "x",
+                                                 "schema": params(P.MAX_SCHEMA_DEPTH + 1)}}
+  with pytest.raises(RequestError, match=r"response_format.json_schema.schema nests deeper"):
+    response_format_grammar(deep)
